@@ -1,0 +1,1 @@
+"""Models: loading a draft/target pair, the built-in default pair, GGUF conversion."""

@@ -1,0 +1,89 @@
+"""Loading a draft/target pair that shares one tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from diversed.models.default_pair import cache_dir, prepare_default_pair
+from diversed.models.gguf import convert_gguf
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Pair:
+    """A frozen draft and target model with their shared tokenizer."""
+
+    draft: PreTrainedModel
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    draft_name: str
+    target_name: str
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every token that ends a sequence: the tokenizer's EOS and the target's generation config's."""
+        ids = {self.tokenizer.eos_token_id}
+        configured = getattr(self.target.generation_config, "eos_token_id", None)
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return sorted(i for i in ids if i is not None)
+
+
+def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float32",
+              device: str = "cpu") -> Pair:
+    """Load a draft and a target: hub ids, local folders or .gguf files; the built-in default pair
+    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
+
+    Raises ValueError if only one is named or if their tokenizers differ.
+    """
+    if (draft is None) != (target is None):
+        raise ValueError("name both --draft and --target, or neither for the built-in default pair")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if draft is None:
+        draft_dir, target_dir = prepare_default_pair()
+        draft, target = str(draft_dir), str(target_dir)
+    draft_tokenizer, draft_model = load_model(draft, dtype=dtype, device=device)
+    target_tokenizer, target_model = load_model(target, dtype=dtype, device=device)
+    check_same_tokenizer(draft_tokenizer, target_tokenizer, draft, target)
+    return Pair(draft_model, target_model, target_tokenizer, _name(draft), _name(target))
+
+
+def load_model(name: str, *, dtype: str = "float32", device: str = "cpu"
+               ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and frozen eval-mode model from a hub id, a local folder or a .gguf file (converted once
+    into the cache, since dequantizing a GGUF takes tens of seconds and a converted copy loads in seconds)."""
+    if name.endswith(".gguf"):
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        # Keyed by path, size and modification time: a changed file is converted again.
+        stat = path.stat()
+        key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        name = str(convert_gguf(path, cache_dir() / "gguf" / f"{path.stem}-{digest}"))
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[dtype]).to(device).eval()
+    model.requires_grad_(False)
+    return tokenizer, model
+
+
+def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, a_name: str, b_name: str
+                         ) -> None:
+    """Speculative decoding compares token ids across models: refuse a pair whose vocabularies differ."""
+    vocab_a, vocab_b = a.get_vocab(), b.get_vocab()
+    if vocab_a != vocab_b:
+        differing = len(set(vocab_a.items()) ^ set(vocab_b.items()))
+        raise ValueError(f"draft and target tokenizers differ: {a_name} has {len(vocab_a)} tokens "
+                         f"({type(a).__name__}), {b_name} has {len(vocab_b)} ({type(b).__name__}); "
+                         f"{differing} token/id entries disagree. Speculative decoding needs one tokenizer.")
+
+
+def _name(path_or_id: str) -> str:
+    path = Path(path_or_id)
+    return path.name if path.exists() else path_or_id
