@@ -1,0 +1,264 @@
+"""The decoding loop: plain target decoding, and speculative decoding with any verification rule.
+
+Both work on a batch of token-id prompts of different lengths. A round of speculative decoding:
+  1. the draft proposes up to N tokens, one forward each, with its KV cache;
+  2. the target scores the N+1 positions in one forward;
+  3. the verifier (diversed.verify) keeps a prefix and picks the next token;
+  4. both caches keep the slots of the kept tokens only (see diversed.decoding.state).
+Invariant between rounds: the target has seen every token but the last emitted one; the draft has seen
+every token but the last emitted one and, after a fully kept round, the last draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from diversed.decoding.method import Method
+from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
+from diversed.decoding.state import ModelState
+from diversed.verify import Verification, verify
+
+# (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
+WeightFn = Callable[[Tensor, Tensor], Tensor]
+# The new tokens of a sequence so far -> whether a stop string has appeared.
+StopFn = Callable[[list[int]], bool]
+
+
+@dataclass
+class Generation:
+    """The new tokens of each prompt, per-sequence statistics, and the totals of the run.
+
+    bonus[i][j] is True where token j of sequence i was drawn from the target's p after a fully kept round,
+    not from the rule's verification target (training needs to tell them apart)."""
+
+    tokens: list[list[int]]
+    bonus: list[list[bool]]
+    stats: list[SequenceStats]
+    wall_time: float
+
+    def summary(self) -> dict:
+        return summarize(self.stats, self.wall_time)
+
+
+@torch.inference_mode()
+def decode(
+    target: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    *,
+    draft: PreTrainedModel | None = None,
+    method: Method = Method("exact"),
+    sampling: Sampling = Sampling(),
+    draft_length: DraftLength = DraftLength(),
+    max_new_tokens: int = 128,
+    eos_token_ids: Sequence[int] = (),
+    stop: StopFn | None = None,
+    weight_fn: WeightFn | None = None,
+    seed: int = 0,
+) -> Generation:
+    """Generate up to max_new_tokens after each prompt (token ids) with `method`.
+
+    "auto" decodes with the target alone; every other method needs `draft`, and "diversed" a weight_fn
+    (the trained head) that turns both models' last hidden states into a weight per drafted position.
+    A sequence stops at any of eos_token_ids (kept in its tokens), when stop(tokens) is true, or at
+    max_new_tokens. Seeded: the same inputs give the same tokens.
+    """
+    _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop, target.device)
+    ids, valid = _left_pad(prompts, target.device)
+    target_state = _prefill(target, ids, valid)
+    if method.name == "auto":
+        _plain_loop(run, target_state, ids[:, -1], sampling, generator)
+    else:
+        draft_state = _prefill(draft, ids, valid)
+        _speculative_loop(run, target_state, draft_state, ids[:, -1], method, sampling, draft_length,
+                          weight_fn, generator)
+    return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start)
+
+
+class _Run:
+    """Bookkeeping of one call: emitted tokens, statistics, and which sequences are still going."""
+
+    def __init__(self, prompts, max_new_tokens: int, eos: set[int], stop: StopFn | None, device) -> None:
+        self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.bonus: list[list[bool]] = [[] for _ in prompts]
+        self.stats = [SequenceStats() for _ in prompts]
+        self.rows = torch.arange(len(prompts), device=device)  # original index of each active batch row
+        self.max_new_tokens, self.eos, self.stop = max_new_tokens, eos, stop
+        self.start = time.perf_counter()
+
+    def emit(self, row: int, new: list[int], last_is_bonus: bool = False) -> bool:
+        """Append a row's new tokens, cut at EOS or the length limit; True if the sequence is finished."""
+        index = int(self.rows[row])
+        tokens, stats = self.tokens[index], self.stats[index]
+        for i, token in enumerate(new):
+            tokens.append(token)
+            self.bonus[index].append(last_is_bonus and i == len(new) - 1)
+            if token in self.eos:
+                stats.finish_reason = "eos"
+                break
+            if len(tokens) >= self.max_new_tokens:
+                stats.finish_reason = "length"
+                break
+        if not stats.finish_reason and self.stop is not None and self.stop(tokens):
+            stats.finish_reason = "stop"
+        stats.new_tokens = len(tokens)
+        if stats.finish_reason:
+            stats.wall_time = time.perf_counter() - self.start
+        return bool(stats.finish_reason)
+
+    def drop_finished(self, finished: list[bool], *states: ModelState) -> Tensor | None:
+        """Remove finished rows from the batch; returns the surviving row positions (None if all survive)."""
+        if not any(finished):
+            return None
+        alive = torch.tensor([not f for f in finished], device=self.rows.device).nonzero().squeeze(-1)
+        self.rows = self.rows[alive]
+        for state in states:
+            state.select(alive)
+        return alive
+
+
+def _plain_loop(run: _Run, target: ModelState, pending: Tensor, sampling: Sampling,
+                generator: torch.Generator) -> None:
+    while len(run.rows):
+        _, logits = target.feed(pending.unsqueeze(-1), torch.ones_like(pending.unsqueeze(-1), dtype=torch.bool), 0)
+        token = sampling.sample(sampling.probs(logits[:, -1]), generator)
+        finished = []
+        for row, t in enumerate(token.tolist()):
+            run.stats[int(run.rows[row])].target_forwards += 1
+            finished.append(run.emit(row, [t]))
+        alive = run.drop_finished(finished, target)
+        pending = token if alive is None else token[alive]
+
+
+def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, pending: Tensor, method: Method,
+                      sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
+                      generator: torch.Generator) -> None:
+    n = draft_length.initial
+    # Tokens the draft has not seen yet, left-padded with holes: [last emitted] or [last draft, last emitted].
+    draft_pending, draft_pending_valid = pending.unsqueeze(-1), torch.ones_like(pending.unsqueeze(-1), dtype=torch.bool)
+    while len(run.rows):
+        drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, n, sampling,
+                                             draft_length.confidence, generator)
+        n_round = drafts.shape[1]
+        h_target, logits = target.feed(torch.cat([pending.unsqueeze(-1), drafts], 1),
+                                       torch.ones(len(drafts), n_round + 1, dtype=torch.bool, device=drafts.device), 0)
+        p = sampling.probs(logits)
+        params = method.verify_params()
+        if method.rule == "dynamic":
+            params["weight"] = weight_fn(h_draft, h_target[:, :n_round])
+        out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
+                     **params)
+        out = _limit_to_drafted(out, lengths, p, sampling, generator)
+
+        target.keep(torch.cat([torch.ones_like(out.accepted[:, :1]), out.accepted], 1))
+        draft.keep(torch.cat([draft_pending_valid, out.accepted[:, :-1]], 1))
+        all_kept = out.num_accepted == n_round
+        draft_pending = torch.stack([drafts[:, -1], out.next_token], 1)
+        draft_pending_valid = torch.stack([all_kept, torch.ones_like(all_kept)], 1)
+        if not all_kept.any():  # no sequence needs the last draft replayed: skip the hole column
+            draft_pending, draft_pending_valid = draft_pending[:, 1:], draft_pending_valid[:, 1:]
+        pending = out.next_token
+
+        finished = []
+        kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
+        for row, (drafted_row, kept, drafted, nxt) in enumerate(
+                zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
+            run.stats[int(run.rows[row])].add_round(drafted, kept, draft_forwards=n_round)
+            finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
+        fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
+        n = draft_length.next(n_round, fully_kept)
+        alive = run.drop_finished(finished, target, draft)
+        if alive is not None:
+            pending, draft_pending, draft_pending_valid = (pending[alive], draft_pending[alive],
+                                                           draft_pending_valid[alive])
+
+
+def _draft(draft: ModelState, tokens: Tensor, valid: Tensor, n: int, sampling: Sampling, confidence: float,
+           generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Propose up to n tokens per sequence. Returns drafts [B, n'], their distributions q [B, n', V], the
+    draft's hidden states that produced q [B, n', d], and each sequence's draft length [B] (n' or less
+    when the confidence cut-off stopped it; n' < n when it stopped every sequence)."""
+    drafts, probs, hidden = [], [], []
+    lengths = torch.full((len(tokens),), n, device=tokens.device)
+    for i in range(n):
+        h, logits = draft.feed(tokens, valid, tokens.shape[1] - 1)
+        q = sampling.probs(logits[:, -1])
+        x = sampling.sample(q, generator)
+        drafts.append(x)
+        probs.append(q)
+        hidden.append(h[:, -1])
+        if confidence:
+            unsure = q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence
+            lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
+            if (lengths <= i + 1).all():
+                lengths = lengths.clamp(max=i + 1)
+                break
+        tokens, valid = x.unsqueeze(-1), torch.ones_like(x.unsqueeze(-1), dtype=torch.bool)
+    return torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(hidden, 1), lengths
+
+
+def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, sampling: Sampling,
+                      generator: torch.Generator) -> Verification:
+    """Sequences that drafted fewer tokens than the round keep at most their own drafts; one that kept all
+    of them gets its bonus token from p at the position after its last draft."""
+    if bool((lengths == out.accepted.shape[1]).all()):
+        return out
+    short = out.num_accepted >= lengths
+    num_accepted = torch.minimum(out.num_accepted, lengths)
+    bonus = sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], generator)
+    accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
+    return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
+
+
+def _prefill(model: PreTrainedModel, ids: Tensor, valid: Tensor) -> ModelState:
+    """A model state that has seen every prompt token but the last (the first pending token)."""
+    state = ModelState.empty(model, len(ids))
+    if ids.shape[1] > 1:
+        state.feed(ids[:, :-1], valid[:, :-1], ids.shape[1] - 1)
+    return state
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+        valid[row, width - len(prompt):] = True
+    return ids, valid
+
+
+def _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn) -> None:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id sequences")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    models = [("target", target)]
+    if method.name != "auto":
+        if draft is None:
+            raise ValueError(f"method {method.label!r} needs a draft model")
+        models.append(("draft", draft))
+    if method.rule == "dynamic" and weight_fn is None:
+        raise ValueError(f"method {method.label!r} needs a weight_fn (a trained head) for its weights")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    longest = max(len(p) for p in prompts)
+    for role, model in models:
+        context = getattr(model.config, "max_position_embeddings", None)
+        needed = longest + max_new_tokens + draft_length.longest + 1
+        if context is not None and needed > context:
+            raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + a round "
+                             f"of drafts exceeds the {role}'s context of {context} tokens")
+        if max(max(p) for p in prompts) >= model.get_input_embeddings().weight.shape[0]:
+            raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
+    if draft is not None and method.name != "auto" and draft.get_output_embeddings().weight.shape[0] != vocab:
+        raise ValueError(f"draft and target have different vocabularies "
+                         f"({draft.get_output_embeddings().weight.shape[0]} vs {vocab} logits)")

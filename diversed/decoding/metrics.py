@@ -1,0 +1,82 @@
+"""What a decoding run did, per sequence and in total (ALGORITHM.md section 5).
+
+acceptance_rate = accepted draft tokens / drafted tokens.
+tau = new tokens / target forwards after the prompt (one per round; the correction or bonus token counts).
+per_position_acceptance[i] = P(draft i+1 kept | drafts 1..i kept), the a_i of diversed.theory.
+tokens_per_s = new tokens / wall time (model loading excluded; in a batch, until that sequence finished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SequenceStats:
+    """Counters for one generated sequence."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: list[int] = field(default_factory=list)  # rounds in which position i was drafted and verified
+    kept: list[int] = field(default_factory=list)  # rounds in which position i was kept
+    wall_time: float = 0.0
+    finish_reason: str = ""  # "eos", "stop" or "length"
+
+    def add_round(self, drafted: int, accepted: int, draft_forwards: int) -> None:
+        """Record one round in which `drafted` drafts were offered and the first `accepted` kept."""
+        self.target_forwards += 1
+        self.draft_forwards += draft_forwards
+        self.drafted += drafted
+        self.accepted += accepted
+        reached = min(accepted + 1, drafted)
+        grow = max(0, drafted - len(self.reached))
+        self.reached += [0] * grow
+        self.kept += [0] * grow
+        for i in range(reached):
+            self.reached[i] += 1
+        for i in range(accepted):
+            self.kept[i] += 1
+
+    def to_dict(self) -> dict:
+        """All counters plus the derived rates."""
+        return {
+            "new_tokens": self.new_tokens,
+            "wall_time": self.wall_time,
+            "tokens_per_s": _ratio(self.new_tokens, self.wall_time),
+            "acceptance_rate": _ratio(self.accepted, self.drafted),
+            "tau": _ratio(self.new_tokens, self.target_forwards),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "per_position_acceptance": [_ratio(k, r) for k, r in zip(self.kept, self.reached, strict=True)],
+            "finish_reason": self.finish_reason,
+        }
+
+
+def summarize(stats: list[SequenceStats], wall_time: float) -> dict:
+    """Totals over sequences decoded together; tokens_per_s uses the batch's wall time."""
+    total = SequenceStats(wall_time=wall_time)
+    for s in stats:
+        total.new_tokens += s.new_tokens
+        total.target_forwards += s.target_forwards
+        total.draft_forwards += s.draft_forwards
+        total.drafted += s.drafted
+        total.accepted += s.accepted
+        grow = max(0, len(s.reached) - len(total.reached))
+        total.reached += [0] * grow
+        total.kept += [0] * grow
+        for i, (r, k) in enumerate(zip(s.reached, s.kept, strict=True)):
+            total.reached[i] += r
+            total.kept[i] += k
+    summary = total.to_dict()
+    del summary["finish_reason"]
+    summary["sequences"] = len(stats)
+    return summary
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None

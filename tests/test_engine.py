@@ -1,0 +1,200 @@
+"""The decoding loop on tiny randomly initialised models, in float32."""
+
+import pytest
+import torch
+
+from diversed.decoding.engine import decode
+from diversed.decoding.method import Method
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
+from diversed.decoding.state import ModelState
+
+from tiny import perturbed, tiny_model
+
+VOCAB = 97
+GREEDY = Sampling(temperature=0)
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [40]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(0, layers=3)
+
+
+@pytest.fixture(scope="module", params=["close", "unrelated"])
+def draft(request, target):
+    return perturbed(target, 0.05, 1) if request.param == "close" else tiny_model(5, layers=2, hidden=32)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_exact_equals_plain_target_decoding(target, draft, n, batch):
+    prompts = PROMPTS[:batch]
+    plain = decode(target, prompts, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    spec = decode(target, prompts, draft=draft, method=Method("exact"), sampling=GREEDY,
+                  draft_length=DraftLength(n), max_new_tokens=24)
+    assert spec.tokens == plain.tokens
+    assert all(len(t) == 24 for t in spec.tokens)
+
+
+def test_close_draft_is_accepted_often_and_unrelated_rarely(target):
+    close = decode(target, PROMPTS, draft=perturbed(target, 0.05, 1), sampling=GREEDY, max_new_tokens=24)
+    far = decode(target, PROMPTS, draft=tiny_model(5, hidden=32), sampling=GREEDY, max_new_tokens=24)
+    assert close.summary()["acceptance_rate"] > 0.5 > far.summary()["acceptance_rate"]
+
+
+@pytest.mark.parametrize("method", [Method("exact"), Method("static", weight=0.5), Method("cascade-opt", alpha=0.3)])
+def test_batch_equals_one_by_one(target, draft, method):
+    together = decode(target, PROMPTS, draft=draft, method=method, sampling=GREEDY, max_new_tokens=20)
+    for prompt, tokens in zip(PROMPTS, together.tokens, strict=True):
+        alone = decode(target, [prompt], draft=draft, method=method, sampling=GREEDY, max_new_tokens=20)
+        assert alone.tokens[0] == tokens
+
+
+@pytest.mark.parametrize("schedule", [DraftLength(2, "heuristic"), DraftLength(4, confidence=0.3),
+                                      DraftLength(3, "heuristic", confidence=0.5)])
+def test_schedules_and_confidence_stop_stay_exact(target, draft, schedule):
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    spec = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=schedule, max_new_tokens=24)
+    assert spec.tokens == plain.tokens
+
+
+def test_static_weight_one_equals_exact_when_sampling(target, draft):
+    kwargs = dict(draft=draft, sampling=Sampling(1.0), max_new_tokens=20, seed=11)
+    exact = decode(target, PROMPTS, method=Method("exact"), **kwargs)
+    static = decode(target, PROMPTS, method=Method("static", weight=1.0), **kwargs)
+    ones = decode(target, PROMPTS, method=Method("dynamic"), weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]),
+                  **kwargs)
+    assert exact.tokens == static.tokens == ones.tokens
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(target, draft):
+    kwargs = dict(draft=draft, method=Method("static", weight=0.5), sampling=Sampling(1.0, top_k=20, top_p=0.9),
+                  max_new_tokens=20)
+    a, b = decode(target, PROMPTS, seed=1, **kwargs), decode(target, PROMPTS, seed=1, **kwargs)
+    c = decode(target, PROMPTS, seed=2, **kwargs)
+    assert a.tokens == b.tokens != c.tokens
+
+
+def test_weight_zero_accepts_every_draft(target, draft):
+    out = decode(target, PROMPTS, draft=draft, method=Method("static", weight=0.0), sampling=Sampling(1.0),
+                 draft_length=DraftLength(4), max_new_tokens=20)
+    assert out.summary()["acceptance_rate"] == 1.0
+
+
+def test_dynamic_weights_see_both_models_hidden_states(target, draft):
+    seen = []
+
+    def weight_fn(h_draft, h_target):
+        seen.append((h_draft.shape, h_target.shape))
+        return torch.full(h_draft.shape[:2], 0.5)
+
+    decode(target, PROMPTS, draft=draft, method=Method("dynamic"), weight_fn=weight_fn, sampling=Sampling(1.0),
+           draft_length=DraftLength(3), max_new_tokens=8)
+    b, n, d_draft = seen[0][0]
+    assert (b, n) == (len(PROMPTS), 3) and d_draft == draft.config.hidden_size
+    assert seen[0][1] == (b, n, target.config.hidden_size)
+
+
+def test_each_sequence_stops_at_its_own_eos(target, draft):
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    eos = plain.tokens[0][5]  # a token the first sequence writes early
+    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, max_new_tokens=24, eos_token_ids=[eos])
+    for full, tokens, stats in zip(plain.tokens, out.tokens, out.stats, strict=True):
+        expected = full[: full.index(eos) + 1] if eos in full else full
+        assert tokens == expected
+        assert stats.finish_reason == ("eos" if eos in full else "length")
+        assert stats.new_tokens == len(tokens)
+
+
+def test_stop_function_ends_a_sequence(target, draft):
+    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, max_new_tokens=24, stop=lambda t: len(t) >= 3)
+    assert all(3 <= len(t) <= 3 + 5 for t in out.tokens)
+    assert {s.finish_reason for s in out.stats} == {"stop"}
+
+
+def test_metrics_add_up(target, draft):
+    out = decode(target, PROMPTS, draft=draft, sampling=Sampling(1.0), draft_length=DraftLength(3),
+                 max_new_tokens=30)
+    for s in out.stats:
+        d = s.to_dict()
+        assert s.accepted <= s.drafted == 3 * s.target_forwards
+        assert s.new_tokens <= s.accepted + s.target_forwards  # each round emits kept drafts + one token
+        assert d["tau"] == s.new_tokens / s.target_forwards
+        assert s.reached[0] == s.target_forwards and s.kept[0] == s.reached[1]
+    total = out.summary()
+    assert total["drafted"] == sum(s.drafted for s in out.stats)
+    assert total["acceptance_rate"] == total["accepted"] / total["drafted"]
+
+
+def test_cache_after_rounds_matches_a_fresh_forward(target):
+    """Feed slots with random holes and keep a random prefix of each row's new tokens, as rounds do; the
+    cache must then give the logits that a no-cache forward over each sequence's kept tokens gives."""
+    generator = torch.Generator().manual_seed(0)
+    state = ModelState.empty(target, 3)
+    kept_tokens = [[], [], []]
+    with torch.inference_mode():
+        for _ in range(6):
+            width = int(torch.randint(1, 5, (1,), generator=generator))
+            tokens = torch.randint(0, VOCAB, (3, width), generator=generator)
+            valid = torch.rand(3, width, generator=generator) < 0.8
+            valid[:, -1] = True
+            state.feed(tokens, valid, width)
+            # Like a round: each row keeps a prefix of its new real tokens (the rest are rejected drafts).
+            cut = torch.randint(1, width + 1, (3, 1), generator=generator)
+            keep = valid & (valid.long().cumsum(-1) <= cut)
+            state.keep(keep)
+            for row in range(3):
+                kept_tokens[row] += tokens[row][keep[row]].tolist()
+        probe = torch.tensor([[3], [4], [5]])
+        _, logits = state.feed(probe, torch.ones(3, 1, dtype=torch.bool), 0)
+        for row in range(3):
+            fresh = target(torch.tensor([kept_tokens[row] + [3 + row]])).logits[0, -1]
+            torch.testing.assert_close(logits[row, 0], fresh, atol=1e-4, rtol=1e-4)
+
+
+def _first_tokens(model, batch: int, seed: int, **kwargs) -> torch.Tensor:
+    out = decode(model, [[1, 2, 3]] * batch, max_new_tokens=2, seed=seed, **kwargs)
+    return torch.tensor([t[:2] for t in out.tokens])
+
+
+def test_exact_sampling_gives_the_target_distribution_end_to_end():
+    """Over 20,000 sequences, the first two tokens of exact speculative sampling follow the target: the
+    first token p(t1), the second its marginal sum_t1 p(t1) p(t2 | t1) (which goes through the bonus and
+    correction paths of the loop)."""
+    target, draft = tiny_model(0, vocab=12, hidden=32), tiny_model(3, vocab=12, hidden=32)
+    target.lm_head.weight.data /= 4
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
+        seqs = torch.cat([torch.tensor([[1, 2, 3]]).expand(12, 3), torch.arange(12)[:, None]], 1)
+        p2 = (p1[:, None] * torch.softmax(target(seqs).logits[:, -1], -1)).sum(0)
+    tokens = _first_tokens(target, 20000, 0, draft=draft, method=Method("exact"), draft_length=DraftLength(2))
+    for position, expected in ((0, p1), (1, p2)):
+        empirical = torch.bincount(tokens[:, position], minlength=12) / len(tokens)
+        assert 0.5 * (empirical - expected).abs().sum() < 0.02
+
+
+def test_static_sampling_gives_the_mixture_end_to_end():
+    target, draft = tiny_model(0, vocab=12, hidden=32), tiny_model(3, vocab=12, hidden=32)
+    with torch.no_grad():
+        p = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
+        q = torch.softmax(draft(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
+    tokens = _first_tokens(target, 20000, 1, draft=draft, method=Method("static", weight=0.3),
+                           draft_length=DraftLength(3))
+    empirical = torch.bincount(tokens[:, 0], minlength=12) / len(tokens)
+    assert 0.5 * (empirical - (0.3 * p + 0.7 * q)).abs().sum() < 0.02
+
+
+def test_bad_requests_are_refused_with_clear_messages(target, draft):
+    with pytest.raises(ValueError, match="context"):
+        decode(target, [[1] * 250], draft=draft, max_new_tokens=10)
+    with pytest.raises(ValueError, match="needs a draft"):
+        decode(target, PROMPTS, method=Method("exact"))
+    with pytest.raises(ValueError, match="weight_fn"):
+        decode(target, PROMPTS, draft=draft, method=Method("dynamic"))
+    with pytest.raises(ValueError, match="vocabulary"):
+        decode(target, [[VOCAB + 5]], draft=draft)
+    with pytest.raises(ValueError, match="different vocabularies"):
+        decode(target, PROMPTS, draft=tiny_model(1, vocab=50))
+    with pytest.raises(ValueError, match="non-empty"):
+        decode(target, [[]], draft=draft)
