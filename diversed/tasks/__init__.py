@@ -1,0 +1,24 @@
+"""Tasks: prompts, references and rewards. get_task(name) gives one of TASKS, or "jsonl:PATH" (a user's own
+file, see diversed.tasks.jsonl)."""
+
+from __future__ import annotations
+
+from diversed.tasks.hub import CNN_DAILYMAIL, GSM8K, MBPP, XSUM
+from diversed.tasks.humaneval import HUMANEVAL
+from diversed.tasks.jsonl import jsonl_task
+from diversed.tasks.task import Example, Task
+
+TASKS = {task.name: task for task in (HUMANEVAL, MBPP, GSM8K, CNN_DAILYMAIL, XSUM)}
+
+
+def get_task(name: str) -> Task:
+    """The task called name: one of TASKS (humaneval works offline; the others read the Hugging Face hub),
+    or "jsonl:PATH"."""
+    if name.startswith("jsonl:"):
+        return jsonl_task(name.removeprefix("jsonl:"))
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}: choose from {sorted(TASKS)} or jsonl:PATH")
+    return TASKS[name]
+
+
+__all__ = ["TASKS", "Example", "Task", "get_task"]

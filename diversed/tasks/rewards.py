@@ -1,0 +1,83 @@
+"""Task rewards R(y) (ALGORITHM.md section 4): unit tests for code, the final number for math, ROUGE-2 for
+summaries. Each maps a completion to a float in [0, 1]."""
+
+from __future__ import annotations
+
+import functools
+import re
+from decimal import Decimal
+
+from diversed.tasks.sandbox import run_code
+
+# A fenced block: its language tag and body, to the closing fence or the end (generation cut off).
+_FENCED_BLOCK = re.compile(r"^[ \t]*```[ \t]*(\w*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
+# Thousands groups only in well-formed "1,234,567", so that "1,2,3" reads as three numbers.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_LAST_DEF = re.compile(r"^def\s+(\w+)\s*\(", re.MULTILINE)
+
+
+def code_reward(program: str, tests: str, entry_point: str | None, *, timeout_s: float = 10,
+                memory_mb: int = 1024) -> float:
+    """1.0 when the program followed by the tests runs without error in the sandbox, else 0.0.
+
+    HumanEval style: tests define check(candidate), called here as check(entry_point). Without an entry
+    point (MBPP style) the tests are plain asserts.
+    """
+    call = f"\n\ncheck({entry_point})\n" if entry_point else "\n"
+    return float(run_code(f"{program}\n\n{tests}{call}", timeout_s=timeout_s, memory_mb=memory_mb).passed)
+
+
+def extract_code(completion: str, prompt: str | None = None, entry_point: str | None = None) -> str:
+    """The program in a completion: its first ```python fenced block, else its first untagged one, else the
+    raw text.
+
+    prompt: code that the completion continues (a HumanEval function header and docstring). When the code
+    does not define the entry point (default: the last function the prompt defines), it is a function
+    body, and the prompt is put in front of it.
+    """
+    blocks = _FENCED_BLOCK.findall(completion)
+    bodies = [body for tag, body in blocks if tag.lower() in ("python", "py", "python3")]
+    bodies += [body for tag, body in blocks if not tag]
+    code = bodies[0] if bodies else completion
+    if prompt is not None:
+        names = _LAST_DEF.findall(prompt)
+        entry_point = entry_point or (names[-1] if names else None)
+        if entry_point and not re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
+            code = prompt + code
+    return code
+
+
+def final_number(text: str) -> Decimal | None:
+    """The answer number of a text: the first number after the last "####" if there is one, else the last
+    number; commas and "$" dropped. None when there is none."""
+    _, marker, tail = text.rpartition("####")  # no marker: tail is the whole text
+    numbers = _NUMBER.findall(tail)
+    if not numbers:
+        return None
+    return Decimal((numbers[0] if marker else numbers[-1]).replace(",", ""))
+
+
+def is_number(text: str) -> bool:
+    """Whether a text (its part after "####" if there is one) is a single number: "72", "$1,234.5"."""
+    return _NUMBER.fullmatch(text.rpartition("####")[2].strip().removeprefix("$")) is not None
+
+
+def math_reward(completion: str, reference: str) -> float:
+    """GSM8K: 1.0 when the completion's final number equals the reference's (72 == 72.0 == 72.00)."""
+    answer, expected = final_number(completion), final_number(reference)
+    return float(answer is not None and answer == expected)
+
+
+def rouge2_reward(completion: str, reference: str, *, max_words: int | None = None) -> float:
+    """ROUGE-2 F1 (with stemming) of the completion, cut to its first max_words words, against the
+    reference. XSum uses max_words=32."""
+    if max_words is not None:
+        completion = " ".join(completion.split()[:max_words])
+    return _rouge2_scorer().score(reference, completion)["rouge2"].fmeasure
+
+
+@functools.cache
+def _rouge2_scorer():
+    from rouge_score import rouge_scorer  # imported on first use: it pulls in nltk
+
+    return rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True)
