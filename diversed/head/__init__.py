@@ -1,0 +1,1 @@
+"""The DIVERSED weight head and its training."""
