@@ -1,0 +1,62 @@
+"""The peer: transformers' own assisted generation, generate(assistant_model=...), on the same pair.
+
+It decodes one sequence at a time (it refuses batches). Its acceptance is counted with forward hooks:
+each target forward is one round, each draft forward one drafted token, and every round emits its kept
+drafts plus one token, so accepted = new tokens - rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from diversed.decoding.metrics import SequenceStats
+from diversed.decoding.sampling import Sampling
+from diversed.models.loading import Pair
+
+
+@torch.inference_mode()
+def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, draft_len: int | None,
+                      weight: float | None = None, max_new_tokens: int = 128, seed: int = 0
+                      ) -> tuple[list[int], SequenceStats]:
+    """Generate with transformers' assisted generation; return the new tokens and their statistics.
+
+    draft_len None keeps transformers' defaults (20 drafts, a confidence cut-off of 0.4); a number fixes
+    the draft length and turns the cut-off off. weight in (0, 1) is its static ensemble
+    (assistant_ensemble_weight, w on the target); None is lossless.
+    """
+    assistant = pair.draft.generation_config
+    defaults = GenerationConfig()
+    assistant.num_assistant_tokens = defaults.num_assistant_tokens if draft_len is None else draft_len
+    assistant.num_assistant_tokens_schedule = "constant"
+    assistant.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_len is None else 0.0
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy,
+                              temperature=sampling.temperature or None, top_k=sampling.top_k or None,
+                              top_p=sampling.top_p if sampling.top_p < 1 else None,
+                              eos_token_id=pair.eos_token_ids, pad_token_id=pair.tokenizer.pad_token_id,
+                              assistant_ensemble_weight=weight)
+    calls = {"target": 0, "draft": 0}
+
+    def counter(role: str):
+        return lambda *_: calls.__setitem__(role, calls[role] + 1)
+
+    hooks = [pair.target.register_forward_hook(counter("target")),
+             pair.draft.register_forward_hook(counter("draft"))]
+    ids = torch.tensor([list(prompt)], device=pair.target.device)
+    torch.manual_seed(seed)
+    try:
+        start = time.perf_counter()
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft,
+                                   generation_config=config)
+        wall = time.perf_counter() - start
+    finally:
+        for hook in hooks:
+            hook.remove()
+    tokens = out[0, ids.shape[1]:].tolist()
+    stats = SequenceStats(new_tokens=len(tokens), target_forwards=calls["target"], draft_forwards=calls["draft"],
+                          drafted=calls["draft"], accepted=len(tokens) - calls["target"], wall_time=wall,
+                          finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else "length")
+    return tokens, stats

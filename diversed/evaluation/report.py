@@ -1,0 +1,147 @@
+"""From per-example results to the summary table (Markdown, CSV, JSON) and the trade-off pictures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "acceptance_rate", "tau",
+           "tokens_per_s", "speedup", "new_tokens")
+
+
+def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
+    """One summary per method, in the given order, recomputed from the result rows.
+
+    quality: mean reward with a 95% interval (Wilson's for 0/1 rewards, normal otherwise);
+    acceptance_rate: accepted / drafted over all examples; tau: new tokens / target forwards;
+    tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's.
+    """
+    summaries = []
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        rewards = [r["reward"] for r in mine]
+        low, high = _interval(rewards)
+        drafted = sum(r["drafted"] for r in mine)
+        new_tokens = sum(r["new_tokens"] for r in mine)
+        forwards = sum(r["target_forwards"] for r in mine)
+        summaries.append({
+            "method": method, "examples": len(mine), "quality": sum(rewards) / len(rewards),
+            "quality_low": low, "quality_high": high,
+            "acceptance_rate": sum(r["accepted"] for r in mine) / drafted if drafted else None,
+            "tau": new_tokens / forwards if forwards else None,
+            "tokens_per_s": new_tokens / sum(r["wall_time"] for r in mine),
+            "new_tokens": new_tokens / len(mine)})
+    auto = next((s for s in summaries if s["method"] == "auto"), None)
+    for s in summaries:
+        s["speedup"] = s["tokens_per_s"] / auto["tokens_per_s"] if auto else None
+    return summaries
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    n, mean = len(values), sum(values) / len(values)
+    z = 1.96
+    if set(values) <= {0.0, 1.0}:  # Wilson score interval: sensible at 0% and 100%, unlike the normal one
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return centre - half, centre + half
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
+
+
+def markdown_table(summaries: Sequence[dict], metric: str) -> str:
+    """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
+    lines = [f"| method | n | {metric} (95% CI) | acceptance | tau | tokens/s | speedup | mean tokens |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(
+            f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
+            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {_percent(s['acceptance_rate'])} | "
+            f"{_number(s['tau'])} | {s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
+    return "\n".join(lines)
+
+
+def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header: str = "") -> None:
+    """summary.md, summary.csv and summary.json in out_dir."""
+    (out_dir / "summary.json").write_text(json.dumps(summaries, indent=1) + "\n")
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: s[k] for k in COLUMNS} for s in summaries)
+    (out_dir / "summary.md").write_text((header + "\n\n" if header else "") + markdown_table(summaries, metric) + "\n")
+
+
+def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
+    """quality_vs_acceptance.png, quality_vs_speedup.png and throughput_vs_acceptance.png.
+
+    The static ensemble's sweep is drawn as a curve (ordered by w), exact and auto as points, DIVERSED
+    heads as stars and transformers' assisted generation as crosses."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for x_key, y_key, name in (("acceptance_rate", "quality", "quality_vs_acceptance"),
+                               ("speedup", "quality", "quality_vs_speedup"),
+                               ("acceptance_rate", "tokens_per_s", "throughput_vs_acceptance")):
+        points = [s for s in summaries if s[x_key] is not None]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        static = sorted((s for s in points if s["method"].startswith("static:")),
+                        key=lambda s: float(s["method"].split(":")[1]))
+        if static:
+            ax.plot([s[x_key] for s in static], [_scale(s[y_key], y_key) for s in static], "o-", color="tab:blue",
+                    label="static ensemble (w sweep)")
+            for s in static:
+                ax.annotate(s["method"].split(":")[1], (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
+                            textcoords="offset points", xytext=(4, 4))
+        for s in points:
+            if s["method"].startswith("static:"):
+                continue
+            marker, color, size = _style(s["method"])
+            error = ([[100 * (s["quality"] - s["quality_low"])], [100 * (s["quality_high"] - s["quality"])]]
+                     if y_key == "quality" else None)
+            ax.errorbar(s[x_key], _scale(s[y_key], y_key), yerr=error, fmt=marker, color=color, markersize=size,
+                        capsize=3, label=_label(s["method"]))
+        ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone"}[x_key])
+        ax.set_ylabel(f"{metric} (%)" if y_key == "quality" else "tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _style(method: str) -> tuple[str, str, int]:
+    if method.startswith("diversed"):
+        return "*", "tab:red", 14
+    if method.startswith("hf-"):
+        return "x", "tab:gray", 9
+    return {"auto": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
+
+
+def _label(method: str) -> str:
+    """diversed:PATH/TO/HEAD -> diversed (HEAD): paths make poor legend entries."""
+    name, _, value = method.partition(":")
+    return f"{name} ({Path(value).name})" if name == "diversed" else method
+
+
+def _scale(value: float, key: str) -> float:
+    return 100 * value if key == "quality" else value
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _number(x: float | None, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:.2f}{suffix}"

@@ -1,0 +1,190 @@
+"""`diversed eval`: several methods on the same examples, same seeds, one run; resumable and data-parallel.
+
+Every (example, method) result is one JSON line, appended and flushed as soon as it exists, so a killed
+run loses at most the generation in flight and `resume=True` picks up where it stopped. Under torchrun,
+rank r takes examples r, r + K, r + 2K, ... and writes its own part file; rank 0 merges them.
+Methods run in turn on each example, so every method sees the machine in the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+from tqdm import tqdm
+
+from diversed.decoding.method import Method
+from diversed.decoding.sampling import Sampling
+from diversed.evaluation.peer import assisted_generate
+from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
+from diversed.generation import encode_prompt, generate, load_head
+from diversed.models.loading import Pair
+
+PEERS = ("hf-exact", "hf-static", "hf-default")
+CONFIG_FILE, RESULTS_FILE = "eval_config.json", "results.jsonl"
+
+
+@dataclass
+class EvalConfig:
+    """What must stay the same for results to be comparable (and for a run to be resumed)."""
+
+    task: str
+    temperature: float = 1.0
+    draft_len: int = 5
+    max_new_tokens: int = 128
+    split: str = "test"
+    limit: int | None = None
+    seed: int = 0
+    draft_model: str = ""
+    target_model: str = ""
+    dtype: str = ""
+
+
+def parse_methods(text: str | Sequence[str]) -> list[str]:
+    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order."""
+    labels = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
+    if not labels:
+        raise ValueError("no methods given")
+    for label in labels:
+        name, _, value = label.partition(":")
+        if name in PEERS:
+            if (name == "hf-static") != bool(value) or (value and not 0 < float(value) < 1):
+                raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
+        else:
+            Method.parse(label)
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a method is listed twice in {labels}")
+    return labels
+
+
+def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
+             resume: bool = False, progress: bool = True) -> list[dict]:
+    """Run every method on the task's examples and write results.jsonl, summary.{md,csv,json} and the plots
+    into out_dir. Returns the summaries (one per method); under torchrun, only rank 0 returns them."""
+    out_dir = Path(out_dir)
+    methods = parse_methods(methods)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if rank == 0:
+        _start(out_dir, config, resume)
+    _barrier()
+    examples = task.examples(config.split, limit=config.limit)
+    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.startswith("diversed:")}
+    done = {(r["example"], r["method"]) for r in _read_rows(out_dir)}
+    todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
+    part = out_dir / (f"results.rank{rank}.jsonl" if world > 1 else RESULTS_FILE)
+    bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
+               disable=not progress, dynamic_ncols=True)
+    running: dict[str, list[dict]] = {m: [] for m in methods}
+    _drop_partial_line(part)
+    with open(part, "a") as f:
+        for index, label in todo:
+            row = _run_one(pair, task, examples[index], index, label, config, heads.get(label))
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            running[label].append(row)
+            bar.update()
+            bar.set_postfix_str(_running_line(running))
+    bar.close()
+    _barrier()
+    if rank != 0:
+        return []
+    rows = _merge(out_dir, examples, methods)
+    summaries = summarize_results(rows, methods)
+    header = (f"{config.task} ({config.split}, {len(examples)} examples), {config.draft_model} -> "
+              f"{config.target_model}, {config.dtype}, T = {config.temperature}, N = {config.draft_len}, "
+              f"{config.max_new_tokens} new tokens, seed {config.seed}")
+    write_summary(summaries, out_dir, task.metric, header)
+    plot_tradeoffs(summaries, out_dir, task.metric)
+    return summaries
+
+
+def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConfig, head) -> dict:
+    """One method on one example; the seed depends on the example only, so methods share it."""
+    seed = config.seed * 1_000_003 + index
+    name, _, value = label.partition(":")
+    if name in PEERS:
+        prompt = encode_prompt(pair.tokenizer, example.prompt, pair.tokenizer.chat_template is not None)
+        tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
+                                          draft_len=None if name == "hf-default" else config.draft_len,
+                                          weight=float(value) if value else None,
+                                          max_new_tokens=config.max_new_tokens, seed=seed)
+        text, metrics = pair.tokenizer.decode(tokens, skip_special_tokens=True), stats.to_dict()
+        for s in task.stop:
+            text = text.split(s, 1)[0]
+    else:
+        (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,
+                                 draft_length=config.draft_len, max_new_tokens=config.max_new_tokens,
+                                 stop=task.stop, seed=seed, weight_fn=head)
+        text, metrics = completion.text, completion.metrics
+    metrics.pop("method", None)
+    return {"example": example.id, "index": index, "method": label, "reward": task.reward(example, text),
+            "text": text, **metrics}
+
+
+def _start(out_dir: Path, config: EvalConfig, resume: bool) -> None:
+    """Record the config; refuse to mix results of another config into an existing run."""
+    path = out_dir / CONFIG_FILE
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if not resume:
+            raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
+        if saved != asdict(config):
+            changed = sorted(k for k in saved if saved[k] != asdict(config).get(k))
+            raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(config), indent=1) + "\n")
+
+
+def _read_rows(out_dir: Path) -> list[dict]:
+    """Every complete result line in out_dir (a line cut off by a kill is dropped and redone)."""
+    rows = []
+    for path in sorted(out_dir.glob("results*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line left unfinished by a kill, so appended lines start on a line of their own."""
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
+    """Gather all parts into results.jsonl, one row per (example, method), in example then method order."""
+    unique = {(r["example"], r["method"]): r for r in _read_rows(out_dir) if r["method"] in methods}
+    order = {e.id: i for i, e in enumerate(examples)}
+    rows = sorted((r for r in unique.values() if r["example"] in order),
+                  key=lambda r: (order[r["example"]], methods.index(r["method"])))
+    merged = out_dir / (RESULTS_FILE + ".tmp")
+    merged.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    merged.replace(out_dir / RESULTS_FILE)
+    for path in out_dir.glob("results.rank*.jsonl"):
+        path.unlink()
+    return rows
+
+
+def _running_line(running: dict[str, list[dict]]) -> str:
+    parts = []
+    for label, rows in running.items():
+        if rows:
+            drafted = sum(r["drafted"] for r in rows)
+            rate = f"{sum(r['accepted'] for r in rows) / drafted:.0%}" if drafted else "-"
+            parts.append(f"{label}: q={sum(r['reward'] for r in rows) / len(rows):.2f} acc={rate}")
+    return " | ".join(parts)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

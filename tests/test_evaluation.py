@@ -1,0 +1,129 @@
+"""`diversed eval` on tiny models: resume, data parallelism, summaries recomputed from the results, plots."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import diversed.evaluation.run as run
+from diversed.evaluation.report import summarize_results
+from diversed.evaluation.run import RESULTS_FILE, evaluate, parse_methods
+
+from eval_worker import CONFIG, METHODS
+from tiny import ToyTask, share_of_draft_tokens, toy_pair
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return ToyTask(share_of_draft_tokens, size=7)
+
+
+@pytest.fixture(scope="module")
+def complete(pair, task, tmp_path_factory):
+    """One uninterrupted run, shared by the tests that compare against it."""
+    out = tmp_path_factory.mktemp("complete")
+    summaries = evaluate(pair, task, METHODS, CONFIG, out, progress=False)
+    return out, summaries
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / RESULTS_FILE).read_text().splitlines()]
+
+
+def without_timing(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("wall_time", "tokens_per_s")}
+
+
+def test_every_method_runs_on_every_example_with_shared_seeds(complete, task):
+    out, summaries = complete
+    results = rows(out)
+    assert len(results) == 7 * len(METHODS)
+    assert [s["method"] for s in summaries] == METHODS
+    assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
+    static_zero = {r["example"]: r for r in results if r["method"] == "static:0.2"}
+    assert all(0 <= r["reward"] <= 1 for r in results)
+    assert summaries[METHODS.index("static:0.2")]["acceptance_rate"] > summaries[1]["acceptance_rate"]
+    assert len(static_zero) == 7
+
+
+def test_summary_is_recomputed_from_the_results_file(complete):
+    out, summaries = complete
+    again = summarize_results(rows(out), METHODS)
+    assert again == summaries == json.loads((out / "summary.json").read_text())
+    exact = [r for r in rows(out) if r["method"] == "exact"]
+    assert summaries[1]["quality"] == pytest.approx(sum(r["reward"] for r in exact) / len(exact))
+    assert summaries[1]["acceptance_rate"] == pytest.approx(
+        sum(r["accepted"] for r in exact) / sum(r["drafted"] for r in exact))
+    assert summaries[0]["speedup"] == 1.0
+    csv_lines = (out / "summary.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("method,examples,quality") and len(csv_lines) == 1 + len(METHODS)
+    assert "| static:0.5 |" in (out / "summary.md").read_text()
+
+
+def test_plots_are_written(complete):
+    out, _ = complete
+    for name in ("quality_vs_acceptance", "quality_vs_speedup", "throughput_vs_acceptance"):
+        path = out / f"{name}.png"
+        assert path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_after_a_kill_gives_the_same_results(complete, pair, task, tmp_path, monkeypatch):
+    out_complete, summaries = complete
+    original, calls = run._run_one, {"n": 0}
+
+    def dies_after_ten(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 10:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run, "_run_one", dies_after_ten)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
+    with open(tmp_path / RESULTS_FILE, "a") as f:
+        f.write('{"example": "toy/5", "meth')  # a line cut off mid-write by the kill
+    monkeypatch.setattr(run, "_run_one", original)
+    with pytest.raises(ValueError, match="--resume"):
+        evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
+    resumed = evaluate(pair, task, METHODS, CONFIG, tmp_path, resume=True, progress=False)
+    assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
+    for a, b in zip(resumed, summaries, strict=True):
+        assert {k: a[k] for k in ("quality", "acceptance_rate", "tau")} == {
+            k: b[k] for k in ("quality", "acceptance_rate", "tau")}
+
+
+def test_resume_refuses_a_different_setting(complete, pair, task):
+    out, _ = complete
+    other = run.EvalConfig(**{**run.asdict(CONFIG), "temperature": 0.5})
+    with pytest.raises(ValueError, match="temperature"):
+        evaluate(pair, task, METHODS, other, out, resume=True, progress=False)
+
+
+def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):
+    out_complete, _ = complete
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", str(TESTS / "eval_worker.py"),
+                    str(tmp_path), "--distributed"], check=True, env=env, timeout=300, capture_output=True)
+    assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
+    assert not list(tmp_path.glob("results.rank*.jsonl"))
+
+
+def test_method_lists_are_checked():
+    assert parse_methods("auto, exact,static:0.7,hf-static:0.5,hf-exact") == [
+        "auto", "exact", "static:0.7", "hf-static:0.5", "hf-exact"]
+    for bad, message in (("exact,exact", "twice"), ("hf-static", "hf-static:W"), ("hf-static:1.5", "0 < W"),
+                         ("static", "needs weight"), ("nope", "must be one of"), ("", "no methods")):
+        with pytest.raises(ValueError, match=message):
+            parse_methods(bad)
