@@ -1,0 +1,205 @@
+"""The `diversed` command: a thin layer over the library API."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from diversed.decoding.method import METHODS
+from diversed.decoding.schedule import SCHEDULES, DraftLength
+from diversed.head.model import ARCHITECTURES
+from diversed.head.train import TrainConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="diversed", description="Relaxed speculative decoding with learned dynamic ensemble verification.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text with a draft/target pair and a verification rule")
+    gen.add_argument("prompts", nargs="*", help="prompts; '-' or none reads them from stdin, one per line")
+    gen.add_argument("--file", type=Path, help="read prompts from a file: one per line, or JSONL with 'prompt'")
+    gen.add_argument("--method", default="exact",
+                     help=f"auto (the target alone) or a rule, with its parameter as NAME:VALUE, e.g. static:0.7; "
+                          f"one of {', '.join(METHODS)}")
+    gen.add_argument("--head", help="folder of a trained head, for --method diversed")
+    gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
+    _add_model_options(gen)
+    gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--draft-len", type=int, default=5, help="drafted tokens per round N (default 5)")
+    gen.add_argument("--draft-schedule", choices=SCHEDULES, default="constant")
+    gen.add_argument("--draft-confidence", type=float, default=0.0,
+                     help="stop drafting once a drafted token's probability is below this (0 = off)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
+    gen.add_argument("--system", help="a system message for the chat template")
+    gen.add_argument("--batch-size", type=int, default=1)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt with all metrics")
+    gen.set_defaults(run=_generate)
+
+    train = commands.add_parser("train", help="train a DIVERSED weight head for the pair on a task")
+    train.add_argument("--task", required=True, help="humaneval, mbpp, gsm8k, cnn_dailymail, xsum or jsonl:PATH")
+    train.add_argument("--out", required=True, type=Path, help="folder for checkpoints, log.jsonl and the head")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--lambda", dest="lam", type=float, default=TrainConfig.lam,
+                       help="weight of the acceptance reward: the speed/quality dial")
+    for name, kind in (("temperature", float), ("draft_len", int), ("max_new_tokens", int), ("lr", float),
+                       ("epochs", int), ("prompts_per_step", int), ("samples_per_prompt", int), ("limit", int),
+                       ("checkpoint_every", int), ("initial_weight", float), ("seed", int)):
+        train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
+    train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
+    _add_model_options(train)
+    train.set_defaults(run=_train)
+
+    ev = commands.add_parser("eval", help="compare methods on a task: table, pictures, resumable, data-parallel")
+    ev.add_argument("--task", required=True, help="humaneval, mbpp, gsm8k, cnn_dailymail, xsum or jsonl:PATH")
+    ev.add_argument("--methods", default="auto,exact,static:0.9,static:0.7,static:0.5",
+                    help="comma-separated: auto, exact, static:W, lossy:L, cascade-*:A, typical, diversed:DIR, "
+                         "and transformers' assisted generation hf-exact, hf-static:W, hf-default")
+    ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
+    ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--draft-len", type=int, default=5)
+    ev.add_argument("--max-new-tokens", type=int, help="default: the task's")
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
+    ev.add_argument("--seed", type=int, default=0)
+    _add_model_options(ev)
+    ev.set_defaults(run=_eval)
+
+    prep = commands.add_parser("prepare", help="assemble, check and convert the built-in default pair")
+    prep.set_defaults(run=_prepare)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"diversed {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
+    parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--device", default="cpu")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from diversed.decoding.method import Method
+    from diversed.generation import generate
+
+    if args.head is not None and args.method != "diversed":
+        raise ValueError("--head is for --method diversed")
+    method = Method.parse(f"diversed:{args.head}" if args.head is not None else args.method)
+    if args.delta is not None:
+        method = replace(method, delta=args.delta)
+    prompts = _read_prompts(args)
+    pair = _load(args)
+    schedule = DraftLength(args.draft_len, args.draft_schedule, confidence=args.draft_confidence)
+    completions = generate(pair, prompts, method=method, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, draft_length=schedule, max_new_tokens=args.max_new_tokens,
+                           stop=args.stop, chat=False if args.no_chat else None, system=args.system,
+                           batch_size=args.batch_size, seed=args.seed)
+    for c in completions:
+        if args.json:
+            print(json.dumps(c.to_dict()), flush=True)
+        else:
+            m = c.metrics
+            rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.1%}"
+            print(c.text)
+            print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
+                  f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from diversed.head.train import train_head
+    from diversed.tasks import get_task
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    task = get_task(args.task)
+    train_head(_load(args), task, config, args.out, resume=args.resume)
+    print(args.out)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from diversed.evaluation.report import markdown_table
+    from diversed.evaluation.run import EvalConfig, evaluate, parse_methods
+    from diversed.tasks import get_task
+
+    methods = parse_methods(args.methods)
+    task = get_task(args.task)
+    _init_distributed(args)
+    pair = _load(args)
+    config = EvalConfig(args.task, args.temperature, args.draft_len, args.max_new_tokens or task.max_new_tokens,
+                        args.split, args.limit, args.seed, pair.draft_name, pair.target_name, args.dtype)
+    summaries = evaluate(pair, task, methods, config, args.out, resume=args.resume)
+    if summaries:
+        print(markdown_table(summaries, task.metric))
+    return 0
+
+
+def _init_distributed(args: argparse.Namespace) -> None:
+    """Under torchrun: one process group, gloo on CPU and nccl on GPUs, one GPU per local rank."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if args.device.startswith("cuda"):
+            args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+            torch.cuda.set_device(args.device)
+        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from diversed.models.default_pair import prepare_default_pair
+
+    for path in prepare_default_pair():
+        print(path)
+    return 0
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.file is not None:
+        if not args.file.is_file():
+            raise FileNotFoundError(f"prompt file not found: {args.file}")
+        lines = [line for line in args.file.read_text().splitlines() if line.strip()]
+        if args.file.suffix == ".jsonl":
+            return [json.loads(line)["prompt"] for line in lines]
+        return lines
+    if args.prompts and args.prompts != ["-"]:
+        return args.prompts
+    if sys.stdin.isatty() and args.prompts != ["-"]:
+        raise ValueError("give a prompt, --file, or prompts on stdin")
+    prompts = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError("no prompts on stdin")
+    return prompts
+
+
+def _load(args: argparse.Namespace):
+    from tqdm import tqdm
+
+    from diversed.models.loading import load_pair
+
+    with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device)
+        bar.update()
+    return pair
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The command line on tiny models saved to folders (loading by path, JSON output, errors, train, eval)."""
+
+import io
+import json
+import sys
+
+import pytest
+
+from diversed.cli import main
+
+from tiny import perturbed, tiny_model, word_tokenizer
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A target, a close draft and a draft with another tokenizer, saved as Hugging Face folders."""
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_model(0, vocab=40, hidden=32, arch="olmo2")
+    paths = {}
+    for name, model in (("target", target), ("draft", perturbed(target, 0.05, 1))):
+        model.save_pretrained(root / name)
+        word_tokenizer().save_pretrained(root / name)
+        paths[name] = str(root / name)
+    other = word_tokenizer()
+    other.add_tokens(["extra"])
+    tiny_model(2, vocab=41, hidden=32, arch="olmo2").save_pretrained(root / "other")
+    other.save_pretrained(root / "other")
+    paths["other"] = str(root / "other")
+    return paths
+
+
+def run(args, capsys, stdin: str | None = None):
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        code = main(args)
+    finally:
+        sys.stdin = sys.__stdin__
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json_has_text_and_metrics(models, capsys):
+    code, out, _ = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
+                        "--method", "exact", "--temperature", "0", "--max-new-tokens", "6", "--no-chat",
+                        "t3 t4 t5", "t9"], capsys)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["prompt"] for line in lines] == ["t3 t4 t5", "t9"]
+    for line in lines:
+        assert isinstance(line["text"], str) and 0 <= line["acceptance_rate"] <= 1
+        assert line["metrics"]["new_tokens"] == line["new_tokens"] <= 6 and line["wall_time"] > 0
+
+
+def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
+    common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
+              "--max-new-tokens", "3", "--method", "static:0.5"]
+    code, out, _ = run(common + ["-"], capsys, stdin="t3 t4\nt5\n")
+    assert code == 0 and out.count("[static:0.5]") == 2
+    (tmp_path / "p.jsonl").write_text('{"prompt": "t3"}\n{"prompt": "t7 t8"}\n')
+    code, out, _ = run(common + ["--json", "--file", str(tmp_path / "p.jsonl")], capsys)
+    assert [json.loads(x)["prompt"] for x in out.splitlines()] == ["t3", "t7 t8"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "static"], "needs weight"),
+    (["--method", "static:1.5"], "weight must be in"),
+    (["--temperature", "-1"], "temperature"),
+    (["--draft-len", "0"], "draft length"),
+    (["--method", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
+])
+def test_generate_refuses_bad_options(models, capsys, args, message):
+    code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
+                        *args, "t3"], capsys)
+    assert code == 2 and message in err
+
+
+def test_mismatched_tokenizers_are_refused_naming_both(models, capsys):
+    code, _, err = run(["generate", "--draft", models["other"], "--target", models["target"], "t3"], capsys)
+    assert code == 2 and "tokenizers differ" in err and "41 tokens" in err and "40" in err
+
+
+def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
+    data = tmp_path / "task.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"t{i} t{i + 1}", "reference": f"t{i + 2} t{i + 3}"}) + "\n"
+                            for i in range(2, 8)))
+    pair_args = ["--draft", models["draft"], "--target", models["target"]]
+    head = tmp_path / "head"
+    code, _, _ = run(["train", "--task", f"jsonl:{data}", "--out", str(head), "--epochs", "1", "--max-new-tokens",
+                      "6", "--prompts-per-step", "3", "--samples-per-prompt", "2", *pair_args], capsys)
+    assert code == 0 and (head / "head.safetensors").is_file() and (head / "head.json").is_file()
+    assert len((head / "log.jsonl").read_text().splitlines()) == 2
+    code, out, _ = run(["generate", "--json", "--method", "diversed", "--head", str(head), "--no-chat",
+                        "--max-new-tokens", "4", *pair_args, "t3"], capsys)
+    assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"
+    code, out, _ = run(["eval", "--task", f"jsonl:{data}", "--split", "all", "--methods",
+                        f"auto,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
+                        *pair_args], capsys)
+    assert code == 0 and "| diversed:" in out and (tmp_path / "eval" / "summary.md").is_file()
