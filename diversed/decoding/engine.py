@@ -6,7 +6,8 @@ Both work on a batch of token-id prompts of different lengths. A round of specul
   3. the verifier (diversed.verify) keeps a prefix and picks the next token;
   4. both caches keep the slots of the kept tokens only (see diversed.decoding.state).
 Invariant between rounds: the target has seen every token but the last emitted one; the draft has seen
-every token but the last emitted one and, after a fully kept round, the last draft.
+every token but the last emitted one and, after a fully kept round, the last draft. Before the first
+round, the whole prompt is unseen: prefill is the first round's forward.
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ def decode(
     _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
     generator = torch.Generator(device=target.device).manual_seed(seed)
     run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop, target.device)
+    # The prompts are the first round's pending tokens: prefill happens inside the first forward.
     ids, valid = _left_pad(prompts, target.device)
-    target_state = _prefill(target, ids, valid)
+    target_state = ModelState.empty(target, len(prompts))
     if method.name == "auto":
-        _plain_loop(run, target_state, ids[:, -1], sampling, generator)
+        _plain_loop(run, target_state, ids, valid, sampling, generator)
     else:
-        draft_state = _prefill(draft, ids, valid)
-        _speculative_loop(run, target_state, draft_state, ids[:, -1], method, sampling, draft_length,
-                          weight_fn, generator)
+        _speculative_loop(run, target_state, ModelState.empty(draft, len(prompts)), ids, valid, method, sampling,
+                          draft_length, weight_fn, generator)
     return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start)
 
 
@@ -126,31 +127,35 @@ class _Run:
         return alive
 
 
-def _plain_loop(run: _Run, target: ModelState, pending: Tensor, sampling: Sampling,
+def _plain_loop(run: _Run, target: ModelState, pending: Tensor, pending_valid: Tensor, sampling: Sampling,
                 generator: torch.Generator) -> None:
     while len(run.rows):
-        _, logits = target.feed(pending.unsqueeze(-1), torch.ones_like(pending.unsqueeze(-1), dtype=torch.bool), 0)
+        _, logits = target.feed(pending, pending_valid, pending.shape[1] - 1)
         token = sampling.sample(sampling.probs(logits[:, -1]), generator)
         finished = []
         for row, t in enumerate(token.tolist()):
             run.stats[int(run.rows[row])].target_forwards += 1
             finished.append(run.emit(row, [t]))
         alive = run.drop_finished(finished, target)
-        pending = token if alive is None else token[alive]
+        pending = (token if alive is None else token[alive]).unsqueeze(-1)
+        pending_valid = torch.ones_like(pending, dtype=torch.bool)
 
 
-def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, pending: Tensor, method: Method,
-                      sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
+def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: Tensor, prompt_valid: Tensor,
+                      method: Method, sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
                       generator: torch.Generator) -> None:
     n = draft_length.initial
-    # Tokens the draft has not seen yet, left-padded with holes: [last emitted] or [last draft, last emitted].
-    draft_pending, draft_pending_valid = pending.unsqueeze(-1), torch.ones_like(pending.unsqueeze(-1), dtype=torch.bool)
+    # Tokens each model has not seen yet, left-padded with holes. The target's: the prompt, then the last
+    # emitted token. The draft's: the prompt, then [last emitted] or [last draft, last emitted].
+    pending, pending_valid = prompt, prompt_valid
+    draft_pending, draft_pending_valid = prompt, prompt_valid
     while len(run.rows):
         drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, n, sampling,
                                              draft_length.confidence, generator)
         n_round = drafts.shape[1]
-        h_target, logits = target.feed(torch.cat([pending.unsqueeze(-1), drafts], 1),
-                                       torch.ones(len(drafts), n_round + 1, dtype=torch.bool, device=drafts.device), 0)
+        h_target, logits = target.feed(torch.cat([pending, drafts], 1),
+                                       torch.cat([pending_valid, torch.ones_like(drafts, dtype=torch.bool)], 1),
+                                       pending.shape[1] - 1)
         p = sampling.probs(logits)
         params = method.verify_params()
         if method.rule == "dynamic":
@@ -159,14 +164,15 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, pending:
                      **params)
         out = _limit_to_drafted(out, lengths, p, sampling, generator)
 
-        target.keep(torch.cat([torch.ones_like(out.accepted[:, :1]), out.accepted], 1))
+        target.keep(torch.cat([pending_valid, out.accepted], 1))
         draft.keep(torch.cat([draft_pending_valid, out.accepted[:, :-1]], 1))
         all_kept = out.num_accepted == n_round
         draft_pending = torch.stack([drafts[:, -1], out.next_token], 1)
         draft_pending_valid = torch.stack([all_kept, torch.ones_like(all_kept)], 1)
         if not all_kept.any():  # no sequence needs the last draft replayed: skip the hole column
             draft_pending, draft_pending_valid = draft_pending[:, 1:], draft_pending_valid[:, 1:]
-        pending = out.next_token
+        pending = out.next_token.unsqueeze(-1)
+        pending_valid = torch.ones_like(pending, dtype=torch.bool)
 
         finished = []
         kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
@@ -178,8 +184,8 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, pending:
         n = draft_length.next(n_round, fully_kept)
         alive = run.drop_finished(finished, target, draft)
         if alive is not None:
-            pending, draft_pending, draft_pending_valid = (pending[alive], draft_pending[alive],
-                                                           draft_pending_valid[alive])
+            pending, pending_valid = pending[alive], pending_valid[alive]
+            draft_pending, draft_pending_valid = draft_pending[alive], draft_pending_valid[alive]
 
 
 def _draft(draft: ModelState, tokens: Tensor, valid: Tensor, n: int, sampling: Sampling, confidence: float,
@@ -217,14 +223,6 @@ def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, sampling: S
     bonus = sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], generator)
     accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
     return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
-
-
-def _prefill(model: PreTrainedModel, ids: Tensor, valid: Tensor) -> ModelState:
-    """A model state that has seen every prompt token but the last (the first pending token)."""
-    state = ModelState.empty(model, len(ids))
-    if ids.shape[1] > 1:
-        state.feed(ids[:, :-1], valid[:, :-1], ids.shape[1] - 1)
-    return state
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]:

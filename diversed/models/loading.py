@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from diversed.models.default_pair import cache_dir, prepare_default_pair
 from diversed.models.gguf import convert_gguf
+from diversed.models.onednn import use_onednn_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -35,9 +36,10 @@ class Pair:
 
 
 def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float32",
-              device: str = "cpu") -> Pair:
+              device: str = "cpu", onednn: bool = True) -> Pair:
     """Load a draft and a target: hub ids, local folders or .gguf files; the built-in default pair
-    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
+    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named. onednn: run the linear layers of
+    float32 CPU models with oneDNN (diversed.models.onednn), about 1.5-2x faster here.
 
     Raises ValueError if only one is named or if their tokenizers differ.
     """
@@ -48,13 +50,13 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
-    draft_tokenizer, draft_model = load_model(draft, dtype=dtype, device=device)
-    target_tokenizer, target_model = load_model(target, dtype=dtype, device=device)
+    draft_tokenizer, draft_model = load_model(draft, dtype=dtype, device=device, onednn=onednn)
+    target_tokenizer, target_model = load_model(target, dtype=dtype, device=device, onednn=onednn)
     check_same_tokenizer(draft_tokenizer, target_tokenizer, draft, target)
     return Pair(draft_model, target_model, target_tokenizer, _name(draft), _name(target))
 
 
-def load_model(name: str, *, dtype: str = "float32", device: str = "cpu"
+def load_model(name: str, *, dtype: str = "float32", device: str = "cpu", onednn: bool = True
                ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and frozen eval-mode model from a hub id, a local folder or a .gguf file (converted once
     into the cache, since dequantizing a GGUF takes tens of seconds and a converted copy loads in seconds)."""
@@ -70,6 +72,8 @@ def load_model(name: str, *, dtype: str = "float32", device: str = "cpu"
     tokenizer = AutoTokenizer.from_pretrained(name)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[dtype]).to(device).eval()
     model.requires_grad_(False)
+    if onednn and dtype == "float32" and device == "cpu":
+        use_onednn_linears(model)
     return tokenizer, model
 
 
