@@ -92,7 +92,8 @@ def main() -> int:
         print(("PASS" if ok else "FAIL"), name)
     for dtype in (torch.float32, torch.bfloat16):
         c = costs(dtype)
-        ratios = f"draft/target {c['draft x1'] / c['target x1']:.2f}, verify6/target {c['target x6'] / c['target x1']:.2f}"
+        step = c["target x1"]
+        ratios = f"draft/target {c['draft x1'] / step:.2f}, verify6/target {c['target x6'] / step:.2f}"
         print(f"{dtype}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in c.items()) + "; " + ratios)
     return 0 if all(ok for _, ok in results) else 1
 
