@@ -6,6 +6,7 @@ from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.models.onednn import OneDNNLinear, use_onednn_linears
+
 from tiny import perturbed, tiny_model
 
 
