@@ -152,6 +152,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _init_distributed(args: argparse.Namespace) -> None:
     """Under torchrun: one process group, gloo on CPU and nccl on GPUs, one GPU per local rank."""
+    import datetime
     import os
 
     import torch
@@ -161,7 +162,9 @@ def _init_distributed(args: argparse.Namespace) -> None:
         if args.device.startswith("cuda"):
             args.device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
             torch.cuda.set_device(args.device)
-        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+        # Ranks wait for the slowest at the end: allow far more than the default 10-30 minutes.
+        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo",
+                                timeout=datetime.timedelta(hours=12))
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -178,7 +181,7 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
             raise FileNotFoundError(f"prompt file not found: {args.file}")
         lines = [line for line in args.file.read_text().splitlines() if line.strip()]
         if args.file.suffix == ".jsonl":
-            return [json.loads(line)["prompt"] for line in lines]
+            return [_jsonl_prompt(line, args.file, i) for i, line in enumerate(lines, 1)]
         return lines
     if args.prompts and args.prompts != ["-"]:
         return args.prompts
@@ -188,6 +191,13 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     if not prompts:
         raise ValueError("no prompts on stdin")
     return prompts
+
+
+def _jsonl_prompt(line: str, path: Path, number: int) -> str:
+    try:
+        return json.loads(line)["prompt"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path}:{number}: expected a JSON object with a \"prompt\" field") from None
 
 
 def _load(args: argparse.Namespace):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.engine import WeightFn, decode
+from diversed.decoding.engine import StopFn, WeightFn, decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
@@ -61,23 +61,20 @@ def generate(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tokenizer = pair.tokenizer
-    use_chat = tokenizer.chat_template is not None if chat is None else chat
-    if use_chat and tokenizer.chat_template is None:
+    if chat and tokenizer.chat_template is None:
         raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False")
-    ids = [encode_prompt(tokenizer, p, use_chat, system) for p in prompts]
-    stop_fn = (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
+    ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
 
     completions = []
     for start in range(0, len(prompts), batch_size):
         batch = slice(start, start + batch_size)
         out = decode(pair.target, ids[batch], draft=pair.draft, method=method,
                      sampling=Sampling(temperature, top_k, top_p), draft_length=draft_length,
-                     max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids, stop=stop_fn,
+                     max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
+                     stop=stop_checker(tokenizer, stop),
                      weight_fn=weight_fn, seed=seed + start)
         for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            for s in stop:
-                text = text.split(s, 1)[0]
+            text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
             completions.append(Completion(prompt, text, tokens, {**stats.to_dict(), "method": method.label}))
     return completions
 
@@ -89,8 +86,23 @@ def load_head(pair: Pair, directory: str) -> EnsembleHead:
                              target_model=pair.target_name).to(pair.target.device)
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool, system: str | None = None) -> list[int]:
-    """Token ids of a prompt, wrapped in the chat template as a user turn when chat is on."""
+def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
+    """A stop function for the decoding loop: true once the decoded new text holds a stop string."""
+    return (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """The text before the first stop string."""
+    for s in stop:
+        text = text.split(s, 1)[0]
+    return text
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
+    """Token ids of a prompt, wrapped in the chat template as a user turn when chat is on (None: whenever
+    the tokenizer has a template)."""
+    if chat is None:
+        chat = tokenizer.chat_template is not None
     if not chat:
         return tokenizer(prompt, add_special_tokens=True)["input_ids"]
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

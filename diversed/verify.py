@@ -63,6 +63,7 @@ def verify(
         alpha: the deferral parameter in [0, 1] of the cascade rules.
         epsilon, delta: thresholds of "typical" (defaults TYPICAL_EPSILON, TYPICAL_DELTA).
         greedy: accept iff the draft equals argmax pi_i; the correction is argmax pi_i, the bonus argmax p.
+            ("lossy" verifies against p, so greedy lossy is greedy exact.)
         generator: the source of randomness in sampling mode, for reproducible runs.
         validate: check shapes, ranges and that the probabilities are distributions (a few ms on large V).
 
@@ -101,7 +102,10 @@ def verify(
         correction = target_choice[rows, stopped]
         next_token = torch.where(all_kept, p[:, n].argmax(-1), correction)
     else:
-        residual = _residual(pi[rows, stopped], q[rows, stopped])
+        # For the ensembles nu - q = w (p - q): the same residual as p - q for every w > 0, and p - q does
+        # not lose precision to cancellation when w is small.
+        corrected = p[:, :n] if rule in ("static", "dynamic") else pi
+        residual = _residual(corrected[rows, stopped], q[rows, stopped])
         next_dist = torch.where(all_kept.unsqueeze(-1), p[:, n], residual)
         next_token = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)
     return Verification(num_accepted, next_token, accepted, accept_prob)

@@ -8,6 +8,7 @@ from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
+from diversed.verify import verify
 
 from tiny import perturbed, tiny_model
 
@@ -198,3 +199,64 @@ def test_bad_requests_are_refused_with_clear_messages(target, draft):
         decode(target, PROMPTS, draft=tiny_model(1, vocab=50))
     with pytest.raises(ValueError, match="non-empty"):
         decode(target, [[]], draft=draft)
+
+
+def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypatch):
+    """Spy on the verifier: in every round, the draft's q_i and the target's p_i it receives must equal what
+    fresh no-cache forwards over the emitted prefix and the drafts give. Greedy exactness alone cannot catch
+    a wrong draft cache (the exact rule is lossless whatever the draft proposes); this can."""
+    import diversed.decoding.engine as engine
+
+    rounds = []
+
+    def spy(rule, drafts, q, p, **kwargs):
+        out = verify(rule, drafts, q, p, **kwargs)
+        rounds.append((drafts.clone(), q.clone(), p.clone(), out))
+        return out
+
+    monkeypatch.setattr(engine, "verify", spy)
+    prompt = [3, 1, 4, 1, 5]
+    out = decode(target, [prompt], draft=draft, method=Method("static", weight=0.6), sampling=Sampling(1.0),
+                 draft_length=DraftLength(3), max_new_tokens=30, seed=4)
+    emitted = prompt
+    for drafts, q, p, verdict in rounds:
+        sequence = torch.tensor([emitted + drafts[0].tolist()])
+        with torch.no_grad():
+            fresh_q = torch.softmax(draft(sequence).logits[0, len(emitted) - 1:-1], -1)
+            fresh_p = torch.softmax(target(sequence).logits[0, len(emitted) - 1:], -1)
+        torch.testing.assert_close(q[0], fresh_q, atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(p[0], fresh_p, atol=1e-4, rtol=1e-3)
+        kept = int(verdict.num_accepted[0])
+        emitted = emitted + drafts[0, :kept].tolist() + [int(verdict.next_token[0])]
+    assert emitted[len(prompt):][: len(out.tokens[0])] == out.tokens[0] and len(rounds) > 5
+
+
+def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, monkeypatch):
+    import diversed.decoding.engine as engine
+
+    requested = []
+    original = engine._draft
+
+    def spy(state, tokens, valid, n, *args):
+        requested.append(n)
+        return original(state, tokens, valid, n, *args)
+
+    monkeypatch.setattr(engine, "_draft", spy)
+    unsure_draft = tiny_model(5, hidden=32)  # random logits: every drafted token is below the cut-off
+    decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY, draft_length=DraftLength(5, confidence=0.9),
+           max_new_tokens=10)
+    assert set(requested) == {5}
+
+
+def test_bad_weights_and_unsupported_models_are_refused(target, draft):
+    dynamic = dict(draft=draft, method=Method("dynamic"))
+    with pytest.raises(ValueError, match="outside"):
+        decode(target, PROMPTS, weight_fn=lambda hd, ht: 2 * torch.ones(hd.shape[:2]), **dynamic)
+    with pytest.raises(ValueError, match="shape"):
+        decode(target, PROMPTS, weight_fn=lambda hd, ht: torch.ones(hd.shape[0]), **dynamic)
+    with pytest.raises(ValueError, match="vocabulary"):
+        decode(target, [[3, -1]], draft=draft)
+    capped = tiny_model(0)
+    capped.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="soft-capping"):
+        decode(capped, PROMPTS, method=Method("auto"))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,21 @@ def test_method_lists_are_checked():
                          ("static", "needs weight"), ("nope", "must be one of"), ("", "no methods")):
         with pytest.raises(ValueError, match=message):
             parse_methods(bad)
+
+
+def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair, task, tmp_path):
+    out_complete, _ = complete
+    shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
+    summaries = evaluate(pair, task, ["auto", "static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
+    assert [s["method"] for s in summaries] == ["auto", "static:0.9"]
+    methods = {r["method"] for r in rows(tmp_path)}
+    assert methods == {*METHODS, "static:0.9"} and len(rows(tmp_path)) == 7 * (len(METHODS) + 1)
+
+
+def test_duplicate_example_ids_are_refused(pair, tmp_path):
+    class Twice(ToyTask):
+        def examples(self, split="train", limit=None):
+            return super().examples(split, limit) * 2
+
+    with pytest.raises(ValueError, match="same id"):
+        evaluate(pair, Twice(share_of_draft_tokens), ["auto"], CONFIG, tmp_path, progress=False)

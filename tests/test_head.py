@@ -95,7 +95,7 @@ def test_resume_after_a_kill_gives_the_same_head(pair, tmp_path):
 
 
 def _train_steps(pair, cfg, out_dir, steps):
-    """Run a training that stops (as if killed) right after `steps` steps were checkpointed."""
+    """Run a training that is killed when its step `steps` + 1 begins."""
     import diversed.head.train as train
 
     original = train._step
@@ -140,3 +140,42 @@ def test_scoring_matches_the_models(pair):
     torch.testing.assert_close(q_y[1], q[[0, 1, 2], [9, 10, 11]], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(tv[1], 0.5 * (p[:3] - q[:3]).abs().sum(-1), atol=1e-5, rtol=1e-4)
     assert h_d.shape == (2, 3, 48) and h_t.shape == (2, 3, 32)
+
+
+def test_a_kill_during_a_checkpoint_leaves_the_previous_one_whole(pair, tmp_path, monkeypatch):
+    import diversed.head.train as train
+
+    cfg = config(epochs=1, checkpoint_every=1)
+    full = train_head(pair, DRAFT_LOVER, cfg, tmp_path / "full", progress=False)
+    original, calls = train.save_file, {"n": 0}
+
+    def dies_on_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # killed while writing the second checkpoint
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train, "save_file", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(pair, DRAFT_LOVER, cfg, tmp_path / "killed", progress=False)
+    monkeypatch.setattr(train, "save_file", original)
+    resumed = train_head(pair, DRAFT_LOVER, cfg, tmp_path / "killed", resume=True, progress=False)
+    for name, value in full.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value)
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_not_silently_appended_to(pair, tmp_path):
+    _train_steps(pair, config(epochs=1, checkpoint_every=5), tmp_path, steps=1)
+    assert (tmp_path / LOG_FILE).exists() and not (tmp_path / "checkpoint").exists()
+    with pytest.raises(ValueError, match="already holds"):
+        train_head(pair, DRAFT_LOVER, config(epochs=1), tmp_path, progress=False)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train_head(pair, DRAFT_LOVER, config(epochs=1, checkpoint_every=5), tmp_path, resume=True, progress=False)
+
+
+def test_bad_training_settings_are_refused():
+    for bad, message in ((dict(checkpoint_every=0), "checkpoint_every"), (dict(lr=0), "lr"),
+                         (dict(samples_per_prompt=1), "samples_per_prompt"), (dict(temperature=0), "temperature"),
+                         (dict(lam=-1), "lambda"), (dict(limit=0), "limit")):
+        with pytest.raises(ValueError, match=message):
+            config(**bad)

@@ -159,7 +159,7 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: 
         p = sampling.probs(logits)
         params = method.verify_params()
         if method.rule == "dynamic":
-            params["weight"] = weight_fn(h_draft, h_target[:, :n_round])
+            params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
         out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
                      **params)
         out = _limit_to_drafted(out, lengths, p, sampling, generator)
@@ -181,7 +181,7 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: 
             run.stats[int(run.rows[row])].add_round(drafted, kept, draft_forwards=n_round)
             finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
         fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
-        n = draft_length.next(n_round, fully_kept)
+        n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is not a verdict
         alive = run.drop_finished(finished, target, draft)
         if alive is not None:
             pending, pending_valid = pending[alive], pending_valid[alive]
@@ -235,6 +235,15 @@ def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]
     return ids, valid
 
 
+def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
+    """A weight function's output must be one w in [0, 1] per drafted token (cheap to check: [B, N])."""
+    if tuple(weight.shape) != tuple(shape):
+        raise ValueError(f"weight_fn returned weights of shape {tuple(weight.shape)}, expected {tuple(shape)}")
+    if not bool(((weight >= 0) & (weight <= 1)).all()):
+        raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
+    return weight
+
+
 def _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn) -> None:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id sequences")
@@ -247,16 +256,31 @@ def _check_request(target, draft, prompts, method, draft_length, max_new_tokens,
         models.append(("draft", draft))
     if method.rule == "dynamic" and weight_fn is None:
         raise ValueError(f"method {method.label!r} needs a weight_fn (a trained head) for its weights")
-    vocab = target.get_output_embeddings().weight.shape[0]
     longest = max(len(p) for p in prompts)
+    lowest, highest = min(min(p) for p in prompts), max(max(p) for p in prompts)
     for role, model in models:
+        unsupported = _unsupported_feature(model.config)
+        if unsupported:
+            raise ValueError(f"the {role} model uses {unsupported}, which the decoding loop does not support")
         context = getattr(model.config, "max_position_embeddings", None)
         needed = longest + max_new_tokens + draft_length.longest + 1
         if context is not None and needed > context:
             raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + a round "
                              f"of drafts exceeds the {role}'s context of {context} tokens")
-        if max(max(p) for p in prompts) >= model.get_input_embeddings().weight.shape[0]:
+        if lowest < 0 or highest >= model.get_input_embeddings().weight.shape[0]:
             raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
-    if draft is not None and method.name != "auto" and draft.get_output_embeddings().weight.shape[0] != vocab:
-        raise ValueError(f"draft and target have different vocabularies "
-                         f"({draft.get_output_embeddings().weight.shape[0]} vs {vocab} logits)")
+    if draft is not None and method.name != "auto":
+        vocab, draft_vocab = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
+        if draft_vocab != vocab:
+            raise ValueError(f"draft and target have different vocabularies ({draft_vocab} vs {vocab} logits)")
+
+
+def _unsupported_feature(config) -> str | None:
+    """Features that the loop's own LM-head call or its cache holes would get silently wrong."""
+    if getattr(config, "final_logit_softcapping", None):
+        return "logit soft-capping"
+    if getattr(config, "logit_scale", None) not in (None, 1, 1.0) or getattr(config, "logits_scaling", 1.0) != 1.0:
+        return "logit scaling"
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention"
+    return None

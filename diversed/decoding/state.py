@@ -52,9 +52,10 @@ class ModelState:
     def keep(self, keep: Tensor) -> None:
         """Of the last `keep.shape[1]` slots, keep those marked True; drop the rest.
 
-        In each row the kept slots must come before the dropped ones (rejected drafts are a suffix): kept
-        keys and values were computed attending to earlier slots only, so they stay exact. Trailing slots
-        dropped by every sequence are cropped off the cache; the others become holes.
+        In each row, no kept slot may come after a dropped real token (rejected drafts are a suffix): kept
+        keys and values were computed attending to earlier slots only, so they stay exact. Slots that were
+        holes already may be anywhere. Trailing slots dropped by every sequence are cropped off the cache;
+        the others become holes.
         """
         t = keep.shape[1]
         self.valid[:, -t:] &= keep

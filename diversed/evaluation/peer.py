@@ -7,6 +7,7 @@ drafts plus one token, so accepted = new tokens - rounds.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 
@@ -28,16 +29,21 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     the draft length and turns the cut-off off. weight in (0, 1) is its static ensemble
     (assistant_ensemble_weight, w on the target); None is lossless.
     """
-    assistant = pair.draft.generation_config
     defaults = GenerationConfig()
-    assistant.num_assistant_tokens = defaults.num_assistant_tokens if draft_len is None else draft_len
-    assistant.num_assistant_tokens_schedule = "constant"
-    assistant.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_len is None else 0.0
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy,
-                              temperature=sampling.temperature or None, top_k=sampling.top_k or None,
-                              top_p=sampling.top_p if sampling.top_p < 1 else None,
-                              eos_token_id=pair.eos_token_ids, pad_token_id=pair.tokenizer.pad_token_id,
-                              assistant_ensemble_weight=weight)
+    # Explicit values throughout: unset ones would be filled from the model's generation config and then
+    # transformers' defaults (top_k = 50), sampling from another distribution than ours.
+    chosen = (dict(do_sample=False) if sampling.greedy else
+              dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p))
+    config = GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0, eos_token_id=pair.eos_token_ids,
+                              pad_token_id=pair.tokenizer.pad_token_id, assistant_ensemble_weight=weight, **chosen)
+    # transformers reads the drafting settings from the assistant's own generation config: set them for
+    # this call and put the user's back afterwards.
+    assistant_config = pair.draft.generation_config
+    pair.draft.generation_config = copy.deepcopy(assistant_config)
+    drafting = pair.draft.generation_config
+    drafting.num_assistant_tokens = defaults.num_assistant_tokens if draft_len is None else draft_len
+    drafting.num_assistant_tokens_schedule = defaults.num_assistant_tokens_schedule
+    drafting.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_len is None else 0.0
     calls = {"target": 0, "draft": 0}
 
     def counter(role: str):
@@ -55,8 +61,9 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     finally:
         for hook in hooks:
             hook.remove()
+        pair.draft.generation_config = assistant_config
     tokens = out[0, ids.shape[1]:].tolist()
     stats = SequenceStats(new_tokens=len(tokens), target_forwards=calls["target"], draft_forwards=calls["draft"],
-                          drafted=calls["draft"], accepted=len(tokens) - calls["target"], wall_time=wall,
+                          drafted=calls["draft"], accepted=max(len(tokens) - calls["target"], 0), wall_time=wall,
                           finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else "length")
     return tokens, stats

@@ -21,7 +21,7 @@ from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
-from diversed.generation import encode_prompt, generate, load_head
+from diversed.generation import cut_at_stop, encode_prompt, generate, load_head
 from diversed.models.loading import Pair
 
 PEERS = ("hf-exact", "hf-static", "hf-default")
@@ -52,7 +52,11 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
     for label in labels:
         name, _, value = label.partition(":")
         if name in PEERS:
-            if (name == "hf-static") != bool(value) or (value and not 0 < float(value) < 1):
+            try:
+                weight = float(value) if value else None
+            except ValueError:
+                weight = -1.0
+            if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
                 raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
         else:
             Method.parse(label)
@@ -68,10 +72,15 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     out_dir = Path(out_dir)
     methods = parse_methods(methods)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if rank == 0:
-        _start(out_dir, config, resume)
-    _barrier()
     examples = task.examples(config.split, limit=config.limit)
+    if len({e.id for e in examples}) != len(examples):
+        raise ValueError(f"task {config.task!r} has examples with the same id: results would overwrite each other")
+    _check_resumable(out_dir, config, resume)  # on every rank, so that all of them stop together
+    _barrier()
+    if rank == 0 and not (out_dir / CONFIG_FILE).exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=1) + "\n")
+    _barrier()
     heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.startswith("diversed:")}
     done = {(r["example"], r["method"]) for r in _read_rows(out_dir)}
     todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
@@ -108,14 +117,12 @@ def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConf
     seed = config.seed * 1_000_003 + index
     name, _, value = label.partition(":")
     if name in PEERS:
-        prompt = encode_prompt(pair.tokenizer, example.prompt, pair.tokenizer.chat_template is not None)
+        prompt = encode_prompt(pair.tokenizer, example.prompt)
         tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
                                           draft_len=None if name == "hf-default" else config.draft_len,
                                           weight=float(value) if value else None,
                                           max_new_tokens=config.max_new_tokens, seed=seed)
-        text, metrics = pair.tokenizer.decode(tokens, skip_special_tokens=True), stats.to_dict()
-        for s in task.stop:
-            text = text.split(s, 1)[0]
+        text, metrics = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop), stats.to_dict()
     else:
         (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,
                                  draft_length=config.draft_len, max_new_tokens=config.max_new_tokens,
@@ -126,19 +133,17 @@ def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConf
             "text": text, **metrics}
 
 
-def _start(out_dir: Path, config: EvalConfig, resume: bool) -> None:
-    """Record the config; refuse to mix results of another config into an existing run."""
+def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
+    """Refuse to mix results of another config into an existing run, or to continue one without resume."""
     path = out_dir / CONFIG_FILE
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if not resume:
-            raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
-        if saved != asdict(config):
-            changed = sorted(k for k in saved if saved[k] != asdict(config).get(k))
-            raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
+    if not path.exists():
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(config), indent=1) + "\n")
+    if not resume:
+        raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
+    saved = json.loads(path.read_text())
+    if saved != asdict(config):
+        changed = sorted(k for k in saved if saved[k] != asdict(config).get(k))
+        raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 
 
 def _read_rows(out_dir: Path) -> list[dict]:
@@ -162,17 +167,19 @@ def _drop_partial_line(path: Path) -> None:
 
 
 def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
-    """Gather all parts into results.jsonl, one row per (example, method), in example then method order."""
-    unique = {(r["example"], r["method"]): r for r in _read_rows(out_dir) if r["method"] in methods}
+    """Gather all parts into results.jsonl, one row per (example, method), in example then method order.
+    Rows of methods not in this run (an earlier run's, when resuming with other methods) are kept too."""
+    unique = {(r["example"], r["method"]): r for r in _read_rows(out_dir)}
     order = {e.id: i for i, e in enumerate(examples)}
-    rows = sorted((r for r in unique.values() if r["example"] in order),
-                  key=lambda r: (order[r["example"]], methods.index(r["method"])))
+    rank = {m: i for i, m in enumerate(methods)}
+    rows = sorted(unique.values(), key=lambda r: (order.get(r["example"], len(order)), r["example"],
+                                                  rank.get(r["method"], len(rank)), r["method"]))
     merged = out_dir / (RESULTS_FILE + ".tmp")
     merged.write_text("".join(json.dumps(r) + "\n" for r in rows))
     merged.replace(out_dir / RESULTS_FILE)
     for path in out_dir.glob("results.rank*.jsonl"):
         path.unlink()
-    return rows
+    return [r for r in rows if r["method"] in rank and r["example"] in order]
 
 
 def _running_line(running: dict[str, list[dict]]) -> str:

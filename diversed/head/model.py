@@ -65,17 +65,21 @@ class EnsembleHead(nn.Module):
         if h_draft.shape[-1] != self.config.draft_hidden or h_target.shape[-1] != self.config.target_hidden:
             raise ValueError(f"head expects hidden sizes ({self.config.draft_hidden}, {self.config.target_hidden}), "
                              f"got ({h_draft.shape[-1]}, {h_target.shape[-1]})")
-        # The models' final norms leave per-channel scales in the tens; normalising keeps one learning rate
-        # right for any pair.
+        # Decision (not in the paper): each half is layer-normalised first. The models' final norms leave
+        # per-channel scales in the tens, and normalising keeps one learning rate right for any pair.
         x = torch.cat([_normalize(h_draft), _normalize(h_target)], dim=-1)
         return torch.sigmoid(self.net(x).squeeze(-1))
 
     def save(self, directory: str | Path) -> Path:
-        """Write head.safetensors and head.json into directory (created if needed)."""
+        """Write head.safetensors and head.json into directory (created if needed), each through a
+        temporary file and a rename, so a killed write never leaves a half file under the real name."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
-        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        weights, config = directory / (WEIGHTS_FILE + ".tmp"), directory / (CONFIG_FILE + ".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, weights)
+        config.write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        weights.replace(directory / WEIGHTS_FILE)
+        config.replace(directory / CONFIG_FILE)
         return directory
 
     @classmethod

@@ -10,7 +10,8 @@ One step:
   4. loss = mean over sequences of  -(R - b) * sum_t log nu_t(y_t)  -  lambda * A(y),
      A(y) = mean_t (1 - w_t TV(q_t, p_t)) the expected acceptance, b the mean reward of the other samples of
      the same prompt. The log-probability sums over non-bonus tokens only: bonus tokens come from p, which
-     does not depend on the head.
+     does not depend on the head. (The head also changes which positions become bonus tokens; like the
+     paper, the estimator ignores that dependence, a small bias where bonus tokens are rare.)
 Only the head trains. Checkpoints (safetensors + JSON) every few steps make a killed run resumable.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -35,8 +37,8 @@ from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
-from diversed.generation import encode_prompt
-from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.generation import cut_at_stop, encode_prompt, stop_checker
+from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
 from diversed.verify import total_variation
 
@@ -53,6 +55,7 @@ class Task(Protocol):
 
 
 STATE_FILE, OPTIMIZER_FILE, LOG_FILE = "train_state.json", "optimizer.safetensors", "log.jsonl"
+CHECKPOINT = "checkpoint"  # the folder of the last checkpoint inside a training run's output
 
 
 @dataclass
@@ -78,6 +81,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.lam >= 0:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
+        for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (or None for all examples), got {self.limit}")
+        if not self.lr > 0 or not self.grad_clip > 0:
+            raise ValueError(f"lr and grad_clip must be > 0, got {self.lr} and {self.grad_clip}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2: the baseline is the other samples' mean reward")
         if self.temperature <= 0:
@@ -98,14 +108,14 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         pair.draft.config.hidden_size, pair.target.config.hidden_size, config.architecture,
         initial_weight=config.initial_weight, draft_model=pair.draft_name, target_model=pair.target_name,
         training={**asdict(config), "task": task.name, "examples": len(examples)})
-    head = EnsembleHead(head_config)
+    head = EnsembleHead(head_config).to(pair.target.device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = -(-len(examples) // config.prompts_per_step)
     total_steps = steps_per_epoch * config.epochs
     step = _resume(out_dir, head, optimizer, config) if resume else _fresh(out_dir)
 
     sampling = Sampling(config.temperature)
-    ids = [encode_prompt(pair.tokenizer, e.prompt, pair.tokenizer.chat_template is not None) for e in examples]
+    ids = [encode_prompt(pair.tokenizer, e.prompt) for e in examples]
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress, dynamic_ncols=True)
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
@@ -138,9 +148,10 @@ def _step(pair: Pair, head: EnsembleHead, optimizer: torch.optim.Optimizer, prom
         rollout = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
                          draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
                          eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
-                         stop=_stop_fn(pair.tokenizer, task.stop))
-    texts = [pair.tokenizer.decode(t, skip_special_tokens=True) for t in rollout.tokens]
-    rewards = torch.tensor([task.reward(examples[i // k], text) for i, text in enumerate(texts)])
+                         stop=stop_checker(pair.tokenizer, task.stop))
+    texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in rollout.tokens]
+    rewards = torch.tensor([task.reward(examples[i // k], text) for i, text in enumerate(texts)],
+                           device=pair.target.device)
     grouped = rewards.view(-1, k)
     baseline = ((grouped.sum(-1, keepdim=True) - grouped) / (k - 1)).view(-1)  # leave-one-out mean
 
@@ -169,7 +180,8 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
 
     Returns, per sequence and generated position t ([B, T], padded): the draft's and target's last hidden
     states that predict y_t (float32, [B, T, d]), p_t(y_t), q_t(y_t), TV(q_t, p_t), the mask of real
-    positions, and the mask of positions whose token came from the ensemble (not a bonus token).
+    positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
+    the target's device.
     """
     width, length = max(map(len, prompts)), max(map(len, completions))
     rows = len(prompts)
@@ -183,24 +195,20 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
         valid[r, width - len(prompt):width + len(completion)] = True
         mask[r, :len(completion)] = True
         scored[r, :len(completion)] = ~torch.tensor(bonus[r], dtype=torch.bool)
-    targets = ids[:, width:].unsqueeze(-1)
+    device = pair.target.device
     out = []
     for model in (pair.draft, pair.target):
         state = ModelState.empty(model, rows)
         hidden, logits = state.feed(ids[:, :-1].to(model.device), valid[:, :-1].to(model.device), width - 1)
-        probs = sampling.probs(logits).cpu()
-        out.append((hidden.float().cpu(), probs))
+        out.append((hidden.float().to(device), sampling.probs(logits).to(device)))
     (h_draft, q), (h_target, p) = out
+    targets = ids[:, width:].unsqueeze(-1).to(device)
     p_y, q_y = p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1)
-    return h_draft, h_target, p_y, q_y, total_variation(q, p), mask, scored & mask
-
-
-def _stop_fn(tokenizer, stop: Sequence[str]):
-    return (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
+    return h_draft, h_target, p_y, q_y, total_variation(q, p), mask.to(device), (scored & mask).to(device)
 
 
 def _fresh(out_dir: Path) -> int:
-    if (out_dir / STATE_FILE).exists():
+    if any((out_dir / name).exists() for name in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE)):
         raise ValueError(f"{out_dir} already holds a training run: pass resume=True (--resume) or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
     return 0
@@ -208,45 +216,53 @@ def _fresh(out_dir: Path) -> int:
 
 def _checkpoint(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, step: int,
                 config: TrainConfig) -> None:
-    """Head weights, AdamW moments and the step, each written to a temporary file and renamed, so a run
-    killed mid-write leaves the previous checkpoint intact."""
-    head.save(out_dir)
+    """Head weights, AdamW moments and the step, written together into out_dir/checkpoint.
+
+    They go to a new folder first, which then replaces the old one: a run killed at any moment leaves one
+    complete checkpoint (checkpoint, or checkpoint.old during the swap), never a mix of two steps."""
+    new, current, old = out_dir / (CHECKPOINT + ".tmp"), out_dir / CHECKPOINT, out_dir / (CHECKPOINT + ".old")
+    shutil.rmtree(new, ignore_errors=True)
+    head.save(new)
     tensors, scalars = {}, {}
     for i, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
             if torch.is_tensor(value) and value.dim() > 0:
-                tensors[f"{i}.{name}"] = value.contiguous()
+                tensors[f"{i}.{name}"] = value.detach().cpu().contiguous()
             else:
                 scalars[f"{i}.{name}"] = float(value)
-    save_file(tensors, out_dir / (OPTIMIZER_FILE + ".tmp"))
-    (out_dir / (OPTIMIZER_FILE + ".tmp")).replace(out_dir / OPTIMIZER_FILE)
+    save_file(tensors, new / OPTIMIZER_FILE)
     state = {"step": step, "config": asdict(config), "optimizer_scalars": scalars}
-    (out_dir / (STATE_FILE + ".tmp")).write_text(json.dumps(state, indent=1))
-    (out_dir / (STATE_FILE + ".tmp")).replace(out_dir / STATE_FILE)
+    (new / STATE_FILE).write_text(json.dumps(state, indent=1))
+    if current.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        current.rename(old)
+    new.rename(current)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, config: TrainConfig) -> int:
-    if not (out_dir / STATE_FILE).exists():
-        raise FileNotFoundError(f"nothing to resume in {out_dir}: no {STATE_FILE}")
-    state = json.loads((out_dir / STATE_FILE).read_text())
+    folder = next((out_dir / n for n in (CHECKPOINT, CHECKPOINT + ".old") if (out_dir / n / STATE_FILE).exists()),
+                  None)
+    if folder is None:
+        raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
+    state = json.loads((folder / STATE_FILE).read_text())
     if state["config"] != asdict(config):
         changed = sorted(k for k in state["config"] if state["config"][k] != asdict(config).get(k))
         raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
-    head.load_state_dict(EnsembleHead.load(out_dir).state_dict())
-    tensors = load_file(out_dir / OPTIMIZER_FILE)
-    saved = optimizer.state_dict()
+    head.load_state_dict(EnsembleHead.load(folder).state_dict())
     per_param: dict[int, dict] = {}
-    for key, value in tensors.items():
+    for key, value in load_file(folder / OPTIMIZER_FILE).items():
         i, name = key.split(".", 1)
         per_param.setdefault(int(i), {})[name] = value
     for key, value in state["optimizer_scalars"].items():
         i, name = key.split(".", 1)
         per_param.setdefault(int(i), {})[name] = torch.tensor(value)
+    saved = optimizer.state_dict()
     saved["state"] = per_param
     optimizer.load_state_dict(saved)
     # Drop log lines written after the checkpoint, so the log matches the resumed run exactly.
     log = out_dir / LOG_FILE
     if log.exists():
-        lines = [ln for ln in log.read_text().splitlines() if json.loads(ln)["step"] <= state["step"]]
+        lines = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= state["step"]]
         log.write_text("".join(ln + "\n" for ln in lines))
     return state["step"]
