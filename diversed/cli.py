@@ -179,10 +179,10 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     if args.file is not None:
         if not args.file.is_file():
             raise FileNotFoundError(f"prompt file not found: {args.file}")
-        lines = [line for line in args.file.read_text().splitlines() if line.strip()]
+        lines = [(i, line) for i, line in enumerate(args.file.read_text().splitlines(), 1) if line.strip()]
         if args.file.suffix == ".jsonl":
-            return [_jsonl_prompt(line, args.file, i) for i, line in enumerate(lines, 1)]
-        return lines
+            return [_jsonl_prompt(line, args.file, i) for i, line in lines]
+        return [line for _, line in lines]
     if args.prompts and args.prompts != ["-"]:
         return args.prompts
     if sys.stdin.isatty() and args.prompts != ["-"]:

@@ -97,3 +97,10 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
                         f"auto,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
                         *pair_args], capsys)
     assert code == 0 and "| diversed:" in out and (tmp_path / "eval" / "summary.md").is_file()
+
+
+def test_a_bad_prompt_file_line_is_named(models, capsys, tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "t3"}\n\n{"text": "t4"}\n')
+    code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--file",
+                        str(tmp_path / "p.jsonl")], capsys)
+    assert code == 2 and "p.jsonl:3" in err and '"prompt"' in err
