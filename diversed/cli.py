@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from diversed.decoding.method import METHODS
+from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES
 from diversed.head.train import TrainConfig
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--draft-len", type=int, default=5, help="drafted tokens per round N (default 5)")
-    gen.add_argument("--draft-schedule", choices=SCHEDULES, default="constant")
+    gen.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
+                     help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (the N "
+                          "that the speed model predicts fastest, from measured costs and running acceptance)")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting once a drafted token's probability is below this (0 = off)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -43,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--batch-size", type=int, default=1)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt with all metrics")
+    gen.add_argument("--profile", action="store_true",
+                     help="time each phase of the rounds (draft and target forwards, sampling, head, verifier, "
+                          "cache, other) and print the split")
     gen.set_defaults(run=_generate)
 
     train = commands.add_parser("train", help="train a DIVERSED weight head for the pair on a task")
@@ -108,7 +114,7 @@ def _generate(args: argparse.Namespace) -> int:
     completions = generate(pair, prompts, method=method, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, draft_length=schedule, max_new_tokens=args.max_new_tokens,
                            stop=args.stop, chat=False if args.no_chat else None, system=args.system,
-                           batch_size=args.batch_size, seed=args.seed)
+                           batch_size=args.batch_size, seed=args.seed, profile=args.profile)
     for c in completions:
         if args.json:
             print(json.dumps(c.to_dict()), flush=True)
@@ -118,6 +124,8 @@ def _generate(args: argparse.Namespace) -> int:
             print(c.text)
             print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
                   f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
+            if args.profile:
+                print(profile_table(m["profile"]), flush=True)
     return 0
 
 

@@ -45,6 +45,7 @@ def generate(
     batch_size: int = 1,
     seed: int = 0,
     weight_fn: WeightFn | None = None,
+    profile: bool = False,
 ) -> list[Completion]:
     """Generate a completion for each prompt with the pair and a method ("auto", "exact", "static:0.7",
     "diversed:HEAD_DIR", ...). weight_fn overrides the head of a "diversed" method (or drives "dynamic").
@@ -52,6 +53,7 @@ def generate(
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     stop: strings that end a sequence; its text is cut before the first one.
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
+    profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
     """
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     method = Method.parse(method) if isinstance(method, str) else method
@@ -72,10 +74,11 @@ def generate(
                      sampling=Sampling(temperature, top_k, top_p), draft_length=draft_length,
                      max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
-                     weight_fn=weight_fn, seed=seed + start)
+                     weight_fn=weight_fn, seed=seed + start, profile=profile)
         for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
-            completions.append(Completion(prompt, text, tokens, {**stats.to_dict(), "method": method.label}))
+            metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
+            completions.append(Completion(prompt, text, tokens, metrics))
     return completions
 
 

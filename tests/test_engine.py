@@ -5,6 +5,7 @@ import torch
 
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
+from diversed.decoding.profile import PHASES
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
@@ -260,3 +261,36 @@ def test_bad_weights_and_unsupported_models_are_refused(target, draft):
     capped.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="soft-capping"):
         decode(capped, PROMPTS, method=Method("auto"))
+
+
+def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, monkeypatch):
+    import diversed.decoding.engine as engine
+
+    requested = []
+    original = engine._draft
+
+    def spy(state, tokens, valid, n, *args):
+        requested.append(n)
+        return original(state, tokens, valid, n, *args)
+
+    monkeypatch.setattr(engine, "_draft", spy)
+    close = perturbed(target, 0.05, 1)
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=30)
+    spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
+                  max_new_tokens=30)
+    assert spec.tokens == plain.tokens
+    # Round 2 can only use the prior: one timed verify length gives no slope, so it drafts longer.
+    assert requested[0] == 2 and len(set(requested)) > 1 and max(requested) <= 16
+
+
+@pytest.mark.parametrize("method", [Method("auto"), Method("exact"), Method("dynamic")])
+def test_profile_splits_the_wall_time_into_phases(target, draft, method):
+    out = decode(target, PROMPTS, draft=draft, method=method, sampling=Sampling(1.0), max_new_tokens=12,
+                 weight_fn=lambda hd, ht: torch.full(hd.shape[:2], 0.5), profile=True)
+    profile = out.profile
+    assert all(profile[phase] >= 0 for phase in PHASES)
+    assert sum(profile[phase] for phase in PHASES) == pytest.approx(profile["total"])
+    assert profile["total"] <= out.wall_time + 1e-3 and profile["target forward"] > 0
+    assert profile["rounds"] == max(s.target_forwards for s in out.stats)
+    assert (profile["draft forward"] > 0) == (method.name != "auto")
+    assert (profile["head"] > 0) == (method.name == "dynamic")

@@ -146,3 +146,15 @@ def test_duplicate_example_ids_are_refused(pair, tmp_path):
 
     with pytest.raises(ValueError, match="same id"):
         evaluate(pair, Twice(share_of_draft_tokens), ["auto"], CONFIG, tmp_path, progress=False)
+
+
+def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
+    from diversed.decoding.sampling import Sampling
+    from diversed.evaluation.peer import assisted_generate
+
+    prompt = pair.tokenizer.encode("t3 t9 t15")
+    free, _ = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12)
+    stop = pair.tokenizer.decode(free[2:3])
+    cut, stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12, stop=[stop])
+    assert len(free) == 12 and stop in pair.tokenizer.decode(cut)
+    assert cut == free[:len(cut)] and len(cut) < len(free) and stats.new_tokens == len(cut)

@@ -22,8 +22,9 @@ from transformers import PreTrainedModel
 
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
+from diversed.decoding.schedule import DraftLength, SpeedModel
 from diversed.decoding.state import ModelState
 from diversed.verify import Verification, verify
 
@@ -38,12 +39,14 @@ class Generation:
     """The new tokens of each prompt, per-sequence statistics, and the totals of the run.
 
     bonus[i][j] is True where token j of sequence i was drawn from the target's p after a fully kept round,
-    not from the rule's verification target (training needs to tell them apart)."""
+    not from the rule's verification target (training needs to tell them apart). profile: seconds per
+    phase of the rounds (diversed.decoding.profile)."""
 
     tokens: list[list[int]]
     bonus: list[list[bool]]
     stats: list[SequenceStats]
     wall_time: float
+    profile: dict[str, float]
 
     def summary(self) -> dict:
         return summarize(self.stats, self.wall_time)
@@ -63,26 +66,29 @@ def decode(
     stop: StopFn | None = None,
     weight_fn: WeightFn | None = None,
     seed: int = 0,
+    profile: bool = False,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
     "auto" decodes with the target alone; every other method needs `draft`, and "diversed" a weight_fn
     (the trained head) that turns both models' last hidden states into a weight per drafted position.
     A sequence stops at any of eos_token_ids (kept in its tokens), when stop(tokens) is true, or at
-    max_new_tokens. Seeded: the same inputs give the same tokens.
+    max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the per-phase times
+    of Generation.profile exact on a GPU (by waiting for the device around each phase).
     """
     _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
     generator = torch.Generator(device=target.device).manual_seed(seed)
+    clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
     run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop, target.device)
     # The prompts are the first round's pending tokens: prefill happens inside the first forward.
     ids, valid = _left_pad(prompts, target.device)
     target_state = ModelState.empty(target, len(prompts))
     if method.name == "auto":
-        _plain_loop(run, target_state, ids, valid, sampling, generator)
+        _plain_loop(run, target_state, ids, valid, sampling, generator, clock)
     else:
         _speculative_loop(run, target_state, ModelState.empty(draft, len(prompts)), ids, valid, method, sampling,
-                          draft_length, weight_fn, generator)
-    return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start)
+                          draft_length, weight_fn, generator, clock)
+    return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start, clock.report())
 
 
 class _Run:
@@ -128,44 +134,56 @@ class _Run:
 
 
 def _plain_loop(run: _Run, target: ModelState, pending: Tensor, pending_valid: Tensor, sampling: Sampling,
-                generator: torch.Generator) -> None:
+                generator: torch.Generator, clock: PhaseClock) -> None:
     while len(run.rows):
-        _, logits = target.feed(pending, pending_valid, pending.shape[1] - 1)
-        token = sampling.sample(sampling.probs(logits[:, -1]), generator)
+        clock.rounds += 1
+        with clock.phase("target forward"):
+            _, logits = target.feed(pending, pending_valid, pending.shape[1] - 1)
+        with clock.phase("sampling"):
+            token = sampling.sample(sampling.probs(logits[:, -1]), generator)
         finished = []
         for row, t in enumerate(token.tolist()):
             run.stats[int(run.rows[row])].target_forwards += 1
             finished.append(run.emit(row, [t]))
-        alive = run.drop_finished(finished, target)
+        with clock.phase("cache"):
+            alive = run.drop_finished(finished, target)
         pending = (token if alive is None else token[alive]).unsqueeze(-1)
         pending_valid = torch.ones_like(pending, dtype=torch.bool)
 
 
 def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: Tensor, prompt_valid: Tensor,
                       method: Method, sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
-                      generator: torch.Generator) -> None:
+                      generator: torch.Generator, clock: PhaseClock) -> None:
     n = draft_length.initial
+    speed = SpeedModel(draft_length.maximum) if draft_length.schedule == "auto" else None
     # Tokens each model has not seen yet, left-padded with holes. The target's: the prompt, then the last
     # emitted token. The draft's: the prompt, then [last emitted] or [last draft, last emitted].
     pending, pending_valid = prompt, prompt_valid
     draft_pending, draft_pending_valid = prompt, prompt_valid
     while len(run.rows):
+        clock.rounds += 1
+        before = dict(clock.seconds)
         drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, n, sampling,
-                                             draft_length.confidence, generator)
+                                             draft_length.confidence, generator, clock)
         n_round = drafts.shape[1]
-        h_target, logits = target.feed(torch.cat([pending, drafts], 1),
-                                       torch.cat([pending_valid, torch.ones_like(drafts, dtype=torch.bool)], 1),
-                                       pending.shape[1] - 1)
-        p = sampling.probs(logits)
+        with clock.phase("target forward"):
+            h_target, logits = target.feed(torch.cat([pending, drafts], 1),
+                                           torch.cat([pending_valid, torch.ones_like(drafts, dtype=torch.bool)], 1),
+                                           pending.shape[1] - 1)
+        with clock.phase("sampling"):
+            p = sampling.probs(logits)
         params = method.verify_params()
         if method.rule == "dynamic":
-            params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
-        out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
-                     **params)
-        out = _limit_to_drafted(out, lengths, p, sampling, generator)
+            with clock.phase("head"):
+                params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
+        with clock.phase("verify"):
+            out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
+                         **params)
+            out = _limit_to_drafted(out, lengths, p, sampling, generator)
 
-        target.keep(torch.cat([pending_valid, out.accepted], 1))
-        draft.keep(torch.cat([draft_pending_valid, out.accepted[:, :-1]], 1))
+        with clock.phase("cache"):
+            target.keep(torch.cat([pending_valid, out.accepted], 1))
+            draft.keep(torch.cat([draft_pending_valid, out.accepted[:, :-1]], 1))
         all_kept = out.num_accepted == n_round
         draft_pending = torch.stack([drafts[:, -1], out.next_token], 1)
         draft_pending_valid = torch.stack([all_kept, torch.ones_like(all_kept)], 1)
@@ -180,25 +198,34 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: 
                 zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
             run.stats[int(run.rows[row])].add_round(drafted, kept, draft_forwards=n_round)
             finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
-        fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
-        n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is not a verdict
-        alive = run.drop_finished(finished, target, draft)
+        if speed is None:
+            fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
+            n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is not a verdict
+        elif clock.rounds > 1:  # the first round's forwards include the prompt: not a round's cost
+            spent = {phase: clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
+            speed.observe(kept_counts, drafted_counts, n_round, spent["draft forward"], n_round + 1,
+                          spent["target forward"])
+            n = speed.best_length()
+        with clock.phase("cache"):
+            alive = run.drop_finished(finished, target, draft)
         if alive is not None:
             pending, pending_valid = pending[alive], pending_valid[alive]
             draft_pending, draft_pending_valid = draft_pending[alive], draft_pending_valid[alive]
 
 
 def _draft(draft: ModelState, tokens: Tensor, valid: Tensor, n: int, sampling: Sampling, confidence: float,
-           generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+           generator: torch.Generator, clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Propose up to n tokens per sequence. Returns drafts [B, n'], their distributions q [B, n', V], the
     draft's hidden states that produced q [B, n', d], and each sequence's draft length [B] (n' or less
     when the confidence cut-off stopped it; n' < n when it stopped every sequence)."""
     drafts, probs, hidden = [], [], []
     lengths = torch.full((len(tokens),), n, device=tokens.device)
     for i in range(n):
-        h, logits = draft.feed(tokens, valid, tokens.shape[1] - 1)
-        q = sampling.probs(logits[:, -1])
-        x = sampling.sample(q, generator)
+        with clock.phase("draft forward"):
+            h, logits = draft.feed(tokens, valid, tokens.shape[1] - 1)
+        with clock.phase("sampling"):
+            q = sampling.probs(logits[:, -1])
+            x = sampling.sample(q, generator)
         drafts.append(x)
         probs.append(q)
         hidden.append(h[:, -1])

@@ -12,22 +12,24 @@ import time
 from collections.abc import Sequence
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from diversed.decoding.metrics import SequenceStats
 from diversed.decoding.sampling import Sampling
+from diversed.generation import stop_checker
 from diversed.models.loading import Pair
 
 
 @torch.inference_mode()
 def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, draft_len: int | None,
-                      weight: float | None = None, max_new_tokens: int = 128, seed: int = 0
-                      ) -> tuple[list[int], SequenceStats]:
+                      weight: float | None = None, max_new_tokens: int = 128, stop: Sequence[str] = (),
+                      seed: int = 0) -> tuple[list[int], SequenceStats]:
     """Generate with transformers' assisted generation; return the new tokens and their statistics.
 
     draft_len None keeps transformers' defaults (20 drafts, a confidence cut-off of 0.4); a number fixes
     the draft length and turns the cut-off off. weight in (0, 1) is its static ensemble
-    (assistant_ensemble_weight, w on the target); None is lossless.
+    (assistant_ensemble_weight, w on the target); None is lossless. stop: strings that end the generation,
+    checked as ours checks them (transformers' own stop_strings cannot read every tokenizer).
     """
     defaults = GenerationConfig()
     # Explicit values throughout: unset ones would be filled from the model's generation config and then
@@ -35,7 +37,8 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     chosen = (dict(do_sample=False) if sampling.greedy else
               dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p))
     config = GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0, eos_token_id=pair.eos_token_ids,
-                              pad_token_id=pair.tokenizer.pad_token_id, assistant_ensemble_weight=weight, **chosen)
+                              pad_token_id=pair.tokenizer.pad_token_id, assistant_ensemble_weight=weight,
+                              **chosen)
     # transformers reads the drafting settings from the assistant's own generation config: set them for
     # this call and put the user's back afterwards.
     assistant_config = pair.draft.generation_config
@@ -56,7 +59,7 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     try:
         start = time.perf_counter()
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft,
-                                   generation_config=config)
+                                   generation_config=config, stopping_criteria=_stop_criteria(pair, stop, ids.shape[1]))
         wall = time.perf_counter() - start
     finally:
         for hook in hooks:
@@ -67,3 +70,17 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
                           drafted=calls["draft"], accepted=max(len(tokens) - calls["target"], 0), wall_time=wall,
                           finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else "length")
     return tokens, stats
+
+
+def _stop_criteria(pair: Pair, stop: Sequence[str], prompt_length: int) -> StoppingCriteriaList:
+    """Our stop strings as a transformers stopping criterion (none when there are none)."""
+    check = stop_checker(pair.tokenizer, stop)
+    if check is None:
+        return StoppingCriteriaList()
+
+    class StopStrings(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+            done = [check(row[prompt_length:].tolist()) for row in input_ids]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([StopStrings()])

@@ -121,7 +121,7 @@ def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConf
         tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
                                           draft_len=None if name == "hf-default" else config.draft_len,
                                           weight=float(value) if value else None,
-                                          max_new_tokens=config.max_new_tokens, seed=seed)
+                                          max_new_tokens=config.max_new_tokens, stop=task.stop, seed=seed)
         text, metrics = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop), stats.to_dict()
     else:
         (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,

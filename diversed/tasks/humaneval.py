@@ -57,7 +57,9 @@ def examples(split: str = "test", limit: int | None = None) -> list[Example]:
                     {"code_prompt": p.prompt}) for p in load_humaneval(split)[:limit]]
 
 
-HUMANEVAL = Task("humaneval", "pass@1", examples, tests_pass, max_new_tokens=512)
+# The prompt asks for one fenced block: stop at its closing fence, so no tokens go into the explanation that
+# instruct models write after the code (it never changes the program the reward extracts).
+HUMANEVAL = Task("humaneval", "pass@1", examples, tests_pass, stop=("\n```\n",), max_new_tokens=512)
 
 
 def _data_file() -> Path:

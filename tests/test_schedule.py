@@ -1,0 +1,54 @@
+"""Draft-length schedules: the running speed model behind the "auto" schedule, and the phase profile."""
+
+import pytest
+
+from diversed.decoding.profile import PHASES, profile_table
+from diversed.decoding.schedule import DraftLength, SpeedModel
+from diversed.theory import expected_tokens_per_round
+
+
+def observed(kept_of_five: list[int], step: float, verify: dict[int, float]) -> SpeedModel:
+    """A speed model after rounds of 5 drafts (kept counts given) with these draft-step and verify times."""
+    model = SpeedModel(maximum=16, decay=1.0, prior_rounds=0.0)
+    for i, kept in enumerate(kept_of_five):
+        k = list(verify)[i % len(verify)]
+        model.observe([kept], [5], 5, 5 * step, k, verify[k])
+    return model
+
+
+def test_verify_line_and_acceptance_are_recovered_from_rounds():
+    model = observed([5, 3, 5, 4], step=0.1, verify={4: 0.3, 8: 0.5})
+    v0, v1 = model.verify_line()
+    assert v0 == pytest.approx(0.1) and v1 == pytest.approx(0.05)
+    assert model.acceptance == pytest.approx(17 / 19)  # 17 kept drafts, 2 rejections
+    n = 6
+    assert model.tokens_per_second(n) == pytest.approx(
+        expected_tokens_per_round([17 / 19] * n) / (n * 0.1 + 0.1 + 0.05 * (n + 1)))
+
+
+def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_short():
+    cheap = observed([5] * 19 + [4], step=0.01, verify={6: 0.3, 3: 0.27})
+    costly = observed([0, 1, 0, 0], step=0.2, verify={6: 0.3, 3: 0.27})
+    assert cheap.best_length() >= 10 and costly.best_length() == 1
+    assert cheap.best_length() == max(range(1, 17), key=cheap.tokens_per_second)
+
+
+def test_a_single_verify_length_gives_no_slope_and_the_prior_keeps_acceptance_below_one():
+    model = SpeedModel(maximum=8)
+    model.observe([5], [5], 5, 0.05, 6, 0.3)
+    assert model.verify_line() == (pytest.approx(0.3), 0.0)
+    assert 0.8 < model.acceptance < 1.0
+
+
+def test_auto_schedule_may_start_above_the_first_length_but_constant_needs_no_maximum():
+    assert DraftLength(20).longest == 20  # transformers' default length is allowed as a constant
+    assert DraftLength(3, "auto").longest == 16
+    with pytest.raises(ValueError, match="draft length"):
+        DraftLength(20, "auto")
+
+
+def test_profile_table_lists_every_phase_and_the_total():
+    profile = dict.fromkeys(PHASES, 0.5) | {"total": 3.5, "rounds": 7}
+    table = profile_table(profile)
+    assert all(phase in table for phase in PHASES)
+    assert "14.3%" in table and "500.0" in table and "(7 rounds)" in table
