@@ -2,11 +2,14 @@
 assisted generation, in one run on one machine.
 
 Prints, per temperature: the per-forward costs (draft step, target step, target verify pass of N+1
-tokens), then one row per method: acceptance rate, tau, tokens/s, speedup over "auto", and the speedup that
-the speed model (diversed.theory, Leviathan et al. with the measured verify cost) predicts from the measured
-costs and per-position acceptance. Rows named hf-* are transformers' generate(assistant_model=...).
+tokens; medians, the calls taking turns), then one row per configuration: acceptance rate, tau, tokens/s,
+speedup over "auto", the speedup that the speed model (diversed.theory, Leviathan et al. with the measured
+verify cost) predicts from the measured costs and per-position acceptance, and the share of our rounds
+spent outside the two models' forwards (the engine's phase profile). Rows named hf-* are transformers'
+generate(assistant_model=...). Configurations take turns prompt chunk by prompt chunk, so that a slow
+spell of a shared machine spreads over all of them.
 
-    .venv/bin/python benchmarks/speed.py --prompts 10 --max-new-tokens 128 --dtype bfloat16
+    .venv/bin/python benchmarks/speed.py --prompts 10 --max-new-tokens 128 --schedules --peer-defaults
 
 speedup = (tokens/s of the method) / (tokens/s of auto): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
@@ -20,7 +23,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,49 +35,89 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
 from diversed.evaluation.peer import assisted_generate
-from diversed.generation import encode_prompt
+from diversed.generation import encode_prompt, load_head
 from diversed.models.loading import Pair, load_pair
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.theory import expected_tokens_per_round
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One configuration to time: a method label (ours, or hf-exact / hf-static:W / hf-default for the
+    peer), its draft length (None for auto and for the peer's own defaults) and a batch size."""
+
+    method: str
+    length: DraftLength | None
+    batch: int = 1
+
+    @property
+    def peer(self) -> bool:
+        return self.method.startswith("hf-")
+
+    @property
+    def drafting(self) -> str:
+        if self.method == "hf-default":
+            return "20, cut-off 0.4"
+        if self.length is None:
+            return "-"
+        cut = f", cut-off {self.length.confidence}" if self.length.confidence else ""
+        if self.length.schedule == "constant":
+            return f"{self.length.initial}{cut}"
+        return f"{self.length.schedule} from {self.length.initial}{cut}"
+
+
 @dataclass
 class Row:
-    name: str
-    draft_len: int | None
-    batch: int
-    new_tokens: int
-    wall_time: float
-    acceptance_rate: float | None
-    tau: float | None
-    per_position: list[float | None]
+    spec: Spec
+    stats: list = field(default_factory=list)
+    wall_time: float = 0.0
+    profile: dict = field(default_factory=dict)  # seconds per phase, summed over calls (ours only)
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self.stats, self.wall_time)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time
+        return self.summary["new_tokens"] / self.wall_time
+
+    @property
+    def overhead(self) -> float | None:
+        """Share of the time spent outside the two models' forwards (issue 6's bar: under 5%)."""
+        if not self.profile:
+            return None
+        return 1 - (self.profile["draft forward"] + self.profile["target forward"]) / self.profile["total"]
 
 
 @torch.inference_mode()
 def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats: int) -> dict[str, float]:
     """Median seconds of one draft step, one target step and one target pass over N+1 tokens, each after
     the prompt is in the cache (the cache is rolled back after every timed call), and of each model's
-    prefill of the prompt."""
-    def median(fn, times: int = repeats) -> float:
-        fn()  # warm-up
-        return statistics.median(_seconds(fn) for _ in range(times))
+    prefill of the prompt. The calls take turns, repeat after repeat, so that a slow spell of the machine
+    hits all of them alike instead of one."""
+    states = {"draft": _prefilled(pair.draft, prompt), "target": _prefilled(pair.target, prompt)}
 
-    def step_cost(model, width: int) -> float:
-        state = _prefilled(model, prompt)
+    def step(role: str, width: int):
         tokens = torch.tensor([prompt[-width:]])
         real = torch.ones_like(tokens, dtype=torch.bool)
-        return median(lambda: (state.feed(tokens, real, 0), state.keep(~real)))
+        return lambda: (states[role].feed(tokens, real, 0), states[role].keep(~real))
 
-    costs = {"draft_step": step_cost(pair.draft, 1), "target_step": step_cost(pair.target, 1)}
-    for n in draft_lens:
-        costs[f"verify_{n + 1}"] = step_cost(pair.target, n + 1)
-    for role, model in (("draft", pair.draft), ("target", pair.target)):
-        costs[f"{role}_prefill"] = median(lambda m=model: _prefilled(m, prompt), 2)
-    return costs
+    calls = {"draft_step": step("draft", 1), "target_step": step("target", 1)}
+    calls |= {f"verify_{n + 1}": step("target", n + 1) for n in draft_lens}
+    costs = _interleaved_medians(calls, repeats)
+    prefills = {f"{role}_prefill": (lambda m=model: _prefilled(m, prompt))
+                for role, model in (("draft", pair.draft), ("target", pair.target))}
+    return costs | _interleaved_medians(prefills, 3)
+
+
+def _interleaved_medians(calls: dict, repeats: int) -> dict[str, float]:
+    for fn in calls.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            times[name].append(_seconds(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _prefilled(model, prompt: list[int]) -> ModelState:
@@ -90,56 +133,83 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def run_ours(pair: Pair, prompts: list[list[int]], method: Method, sampling: Sampling, n: int, batch: int,
-             max_new_tokens: int, seed: int) -> Row:
-    stats, wall = [], 0.0
-    for start in range(0, len(prompts), batch):
-        out = decode(pair.target, prompts[start:start + batch], draft=pair.draft, method=method,
-                     sampling=sampling, draft_length=DraftLength(n), max_new_tokens=max_new_tokens,
-                     eos_token_ids=pair.eos_token_ids, seed=seed + start)
-        stats += out.stats
-        wall += out.wall_time
-    s = summarize(stats, wall)
-    return Row(method.label, None if method.name == "auto" else n, batch, s["new_tokens"], wall,
-               s["acceptance_rate"], s["tau"], s["per_position_acceptance"])
+def run(pair: Pair, specs: list[Spec], prompts: list[list[int]], sampling: Sampling, max_new_tokens: int,
+        seed: int) -> list[Row]:
+    """Every spec on every prompt, interleaved: the prompts go in chunks of the largest batch, and each
+    chunk runs under every spec in turn, so slow spells of a shared machine spread over all specs."""
+    rows = [Row(spec) for spec in specs]
+    chunk = max(spec.batch for spec in specs)
+    for start in range(0, len(prompts), chunk):
+        for row in rows:
+            for offset in range(0, min(chunk, len(prompts) - start), row.spec.batch):
+                first = start + offset
+                batch = prompts[first:first + row.spec.batch]
+                if row.spec.peer:
+                    _run_peer(pair, row, batch[0], sampling, max_new_tokens, seed + first)
+                else:
+                    _run_ours(pair, row, batch, sampling, max_new_tokens, seed + first)
+        done = min(start + chunk, len(prompts))
+        print(f"  {done}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
+                                                               f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
+    return rows
 
 
-def run_peer(pair: Pair, prompts: list[list[int]], sampling: Sampling, n: int | None, weight: float | None,
-             max_new_tokens: int, seed: int) -> Row:
-    stats = [assisted_generate(pair, prompt, sampling, draft_len=n, weight=weight, max_new_tokens=max_new_tokens,
-                               seed=seed + i)[1] for i, prompt in enumerate(prompts)]
-    s = summarize(stats, sum(x.wall_time for x in stats))
-    name = "hf-default" if n is None else ("hf-exact" if weight is None else f"hf-static:{weight}")
-    return Row(name, n, 1, s["new_tokens"], s["wall_time"], s["acceptance_rate"], s["tau"], [])
+def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling, max_new_tokens: int,
+              seed: int) -> None:
+    method = Method.parse(row.spec.method)
+    head = load_head(pair, method.head) if method.name == "diversed" else None  # tiny: reloading costs ~1 ms
+    out = decode(pair.target, prompts, draft=pair.draft, method=method, sampling=sampling,
+                 draft_length=row.spec.length or DraftLength(), max_new_tokens=max_new_tokens,
+                 eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed)
+    row.stats += out.stats
+    row.wall_time += out.wall_time
+    for phase, seconds in out.profile.items():
+        row.profile[phase] = row.profile.get(phase, 0.0) + seconds
+
+
+def _run_peer(pair: Pair, row: Row, prompt: list[int], sampling: Sampling, max_new_tokens: int, seed: int) -> None:
+    name, _, weight = row.spec.method.partition(":")
+    _, stats = assisted_generate(pair, prompt, sampling, draft_len=None if name == "hf-default" else
+                                 row.spec.length.initial, weight=float(weight) if weight else None,
+                                 max_new_tokens=max_new_tokens, seed=seed)
+    row.stats.append(stats)
+    row.wall_time += stats.wall_time
 
 
 def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float | None:
     """The speedup the speed model expects: per prompt, plain decoding costs a target prefill plus one step
     per token; speculative decoding costs both prefills plus tokens / tau rounds of N draft steps and one
-    verify pass, with tau = diversed.theory.expected_tokens_per_round(measured per-position acceptance)."""
-    if row.draft_len is None or not row.per_position or row.batch != 1:
+    verify pass, with tau = diversed.theory.expected_tokens_per_round(measured per-position acceptance).
+    Only for a constant N without cut-off, at batch 1, with a measured verify pass of that length."""
+    length = row.spec.length
+    if (length is None or length.schedule != "constant" or length.confidence or row.spec.batch != 1
+            or f"verify_{length.initial + 1}" not in costs):
         return None
-    tokens = row.new_tokens / prompts
-    tau = expected_tokens_per_round([x or 0.0 for x in row.per_position[: row.draft_len]])
+    summary = row.summary
+    tokens = summary["new_tokens"] / prompts
+    tau = expected_tokens_per_round([x or 0.0 for x in summary["per_position_acceptance"][: length.initial]])
     plain = costs["target_prefill"] + tokens * costs["target_step"]
     rounds = tokens / tau
     speculative = (costs["target_prefill"] + costs["draft_prefill"]
-                   + rounds * (row.draft_len * costs["draft_step"] + costs[f"verify_{row.draft_len + 1}"]))
+                   + rounds * (length.initial * costs["draft_step"] + costs[f"verify_{length.initial + 1}"]))
     return plain / speculative
 
 
 def table(rows: list[Row], costs: dict[str, float], prompts: int) -> str:
-    auto = next(r for r in rows if r.name == "auto" and r.batch == 1)
-    lines = ["| method | N | batch | tokens | acceptance | tau | tokens/s | speedup | predicted |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    auto = next(r for r in rows if r.spec.method == "auto" and r.spec.batch == 1)
+    lines = ["| method | drafts | batch | tokens | acceptance | tau | tokens/s | speedup | predicted | overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        pred = predicted_speedup(r, costs, prompts)
-        lines.append(
-            f"| {r.name} | {r.draft_len or '-'} | {r.batch} | {r.new_tokens} | "
-            f"{'-' if r.acceptance_rate is None else f'{r.acceptance_rate:.1%}'} | "
-            f"{'-' if r.tau is None else f'{r.tau:.2f}'} | {r.tokens_per_s:.2f} | "
-            f"{r.tokens_per_s / auto.tokens_per_s:.2f}x | {'-' if pred is None else f'{pred:.2f}x'} |")
+        s = r.summary
+        cells = [r.spec.method, r.spec.drafting, r.spec.batch, s["new_tokens"], _cell(s["acceptance_rate"], ".1%"),
+                 _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}", f"{r.tokens_per_s / auto.tokens_per_s:.2f}x",
+                 _cell(predicted_speedup(r, costs, prompts), ".2f", "x"), _cell(r.overhead, ".1%")]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def _cell(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def main() -> None:
@@ -154,6 +224,9 @@ def main() -> None:
                         help="exact runs at each; static, batch and peer runs at the first")
     parser.add_argument("--weights", type=float, nargs="+", default=[0.7, 0.5])
     parser.add_argument("--batch", type=int, default=4, help="also run auto and exact at this batch size")
+    parser.add_argument("--heads", nargs="*", default=[], help="trained DIVERSED heads to run (folders)")
+    parser.add_argument("--schedules", action="store_true",
+                        help="also run exact with the auto schedule and with 20 drafts and a 0.4 cut-off")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--peer-weights", type=float, nargs="*", help="the peer's static weights (default: --weights)")
     parser.add_argument("--peer-defaults", action="store_true",
@@ -174,26 +247,27 @@ def main() -> None:
     for name, seconds in costs.items():
         print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |")
     results = {"machine": machine, "dtype": args.dtype, "costs": costs, "runs": {}}
-    n_main = args.draft_lens[0]  # statics, batches and the peer run at the first draft length
-    for temperature in args.temperatures:
-        sampling = Sampling(temperature)
-        print(f"\n## T = {temperature}", flush=True)
-        runs = [("auto", n_main, 1)] + [("exact", n, 1) for n in args.draft_lens]
-        runs += [(f"static:{w}", n_main, 1) for w in args.weights]
-        runs += [("auto", n_main, args.batch), ("exact", n_main, args.batch)] if args.batch > 1 else []
-        rows = []
-        for method, n, batch in runs:
-            rows.append(run_ours(pair, prompts, Method.parse(method), sampling, n, batch, args.max_new_tokens,
-                                 args.seed))
-            print(f"  {rows[-1].name} N={n} batch={batch}: {rows[-1].tokens_per_s:.2f} tok/s", flush=True)
-        peers = [(None, None)] if args.peer_defaults else []
+    n_main = DraftLength(args.draft_lens[0])  # statics, heads, batches and the peer use the first draft length
+    specs = [Spec("auto", None)] + [Spec("exact", DraftLength(n)) for n in args.draft_lens]
+    specs += [Spec(f"static:{w}", n_main) for w in args.weights]
+    specs += [Spec(f"diversed:{head}", n_main) for head in args.heads]
+    if args.schedules:
+        specs += [Spec("exact", DraftLength(n_main.initial, "auto")), Spec("exact", DraftLength(20, confidence=0.4))]
+    if args.batch > 1:
+        specs += [Spec(m, None if m == "auto" else n_main, args.batch)
+                  for m in ["auto", "exact"] + [f"diversed:{head}" for head in args.heads]]
+    if not args.no_peer:
         peer_weights = args.weights if args.peer_weights is None else args.peer_weights
-        peers += [(n_main, None)] + [(n_main, w) for w in peer_weights] if not args.no_peer else []
-        for n, w in peers:
-            rows.append(run_peer(pair, prompts, sampling, n, w, args.max_new_tokens, args.seed))
-            print(f"  {rows[-1].name}: {rows[-1].tokens_per_s:.2f} tok/s", flush=True)
+        specs += [Spec("hf-default", None)] if args.peer_defaults else []
+        specs += [Spec("hf-exact", n_main)] + [Spec(f"hf-static:{w}", n_main) for w in peer_weights]
+    for temperature in args.temperatures:
+        print(f"\n## T = {temperature}", flush=True)
+        rows = run(pair, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)
         print("\n" + table(rows, costs, len(prompts)), flush=True)
-        results["runs"][str(temperature)] = [vars(r) for r in rows]
+        results["runs"][str(temperature)] = [
+            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch, "wall_time": r.wall_time,
+             "tokens_per_s": r.tokens_per_s, "predicted": predicted_speedup(r, costs, len(prompts)),
+             "profile": r.profile, **r.summary} for r in rows]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))
