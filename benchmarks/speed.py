@@ -23,7 +23,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,8 @@ from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
 from diversed.evaluation.peer import assisted_generate
 from diversed.generation import encode_prompt, load_head
-from diversed.models.loading import Pair, load_pair
+from diversed.models.default_pair import prepare_default_pair
+from diversed.models.loading import Pair, load_model, load_pair
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.theory import expected_tokens_per_round
 
@@ -49,6 +50,7 @@ class Spec:
     method: str
     length: DraftLength | None
     batch: int = 1
+    draft_vocab: int | None = None  # the draft scores only its K most frequent tokens (diversed.models.vocab)
 
     @property
     def peer(self) -> bool:
@@ -61,6 +63,7 @@ class Spec:
         if self.length is None:
             return "-"
         cut = f", cut-off {self.length.confidence}" if self.length.confidence else ""
+        cut += f", draft vocab {self.draft_vocab}" if self.draft_vocab else ""
         if self.length.schedule == "constant":
             return f"{self.length.initial}{cut}"
         return f"{self.length.schedule} from {self.length.initial}{cut}"
@@ -133,14 +136,16 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(pair: Pair, specs: list[Spec], prompts: list[list[int]], sampling: Sampling, max_new_tokens: int,
-        seed: int) -> list[Row]:
+def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
+        max_new_tokens: int, seed: int) -> list[Row]:
     """Every spec on every prompt, interleaved: the prompts go in chunks of the largest batch, and each
-    chunk runs under every spec in turn, so slow spells of a shared machine spread over all specs."""
+    chunk runs under every spec in turn, so slow spells of a shared machine spread over all specs.
+    pairs: the pair for each draft vocabulary size (None: the full draft)."""
     rows = [Row(spec) for spec in specs]
     chunk = max(spec.batch for spec in specs)
     for start in range(0, len(prompts), chunk):
         for row in rows:
+            pair = pairs[row.spec.draft_vocab]
             for offset in range(0, min(chunk, len(prompts) - start), row.spec.batch):
                 first = start + offset
                 batch = prompts[first:first + row.spec.batch]
@@ -227,6 +232,9 @@ def main() -> None:
     parser.add_argument("--heads", nargs="*", default=[], help="trained DIVERSED heads to run (folders)")
     parser.add_argument("--schedules", action="store_true",
                         help="also run exact with the auto schedule and with 20 drafts and a 0.4 cut-off")
+    parser.add_argument("--draft-vocab", type=int, metavar="K",
+                        help="also run exact (and the auto schedule with --schedules) with a draft that scores only "
+                             "its K most frequent tokens")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--peer-weights", type=float, nargs="*", help="the peer's static weights (default: --weights)")
     parser.add_argument("--peer-defaults", action="store_true",
@@ -236,6 +244,12 @@ def main() -> None:
     args = parser.parse_args()
 
     pair = load_pair(args.draft, args.target, dtype=args.dtype)
+    pairs = {None: pair}
+    if args.draft_vocab:
+        # Only the draft differs: load it a second time, restricted, and share the target.
+        draft_name = args.draft or str(prepare_default_pair()[0])
+        pairs[args.draft_vocab] = replace(pair, draft=load_model(draft_name, dtype=args.dtype,
+                                                                 vocab=args.draft_vocab)[1])
     problems = load_humaneval("test")[: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in problems]
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
@@ -253,6 +267,9 @@ def main() -> None:
     specs += [Spec(f"diversed:{head}", n_main) for head in args.heads]
     if args.schedules:
         specs += [Spec("exact", DraftLength(n_main.initial, "auto")), Spec("exact", DraftLength(20, confidence=0.4))]
+    if args.draft_vocab:
+        lengths = [n_main] + ([DraftLength(n_main.initial, "auto")] if args.schedules else [])
+        specs += [Spec("exact", length, draft_vocab=args.draft_vocab) for length in lengths]
     if args.batch > 1:
         specs += [Spec(m, None if m == "auto" else n_main, args.batch)
                   for m in ["auto", "exact"] + [f"diversed:{head}" for head in args.heads]]
@@ -262,10 +279,11 @@ def main() -> None:
         specs += [Spec("hf-exact", n_main)] + [Spec(f"hf-static:{w}", n_main) for w in peer_weights]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
-        rows = run(pair, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)
+        rows = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)
         print("\n" + table(rows, costs, len(prompts)), flush=True)
         results["runs"][str(temperature)] = [
-            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch, "wall_time": r.wall_time,
+            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch,
+             "draft_vocab": r.spec.draft_vocab, "wall_time": r.wall_time,
              "tokens_per_s": r.tokens_per_s, "predicted": predicted_speedup(r, costs, len(prompts)),
              "profile": r.profile, **r.summary} for r in rows]
     if args.out:

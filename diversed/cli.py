@@ -97,6 +97,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--draft-vocab", type=int, metavar="K",
+                        help="the draft scores only its K most frequent tokens: a cheaper draft, still lossless")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -214,7 +216,7 @@ def _load(args: argparse.Namespace):
     from diversed.models.loading import load_pair
 
     with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
-        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device)
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device, draft_vocab=args.draft_vocab)
         bar.update()
     return pair
 

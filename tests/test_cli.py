@@ -104,3 +104,15 @@ def test_a_bad_prompt_file_line_is_named(models, capsys, tmp_path):
     code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--file",
                         str(tmp_path / "p.jsonl")], capsys)
     assert code == 2 and "p.jsonl:3" in err and '"prompt"' in err
+
+
+def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsys):
+    common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
+              "0", "--max-new-tokens", "8", "t3 t4 t5"]
+    _, full, _ = run(common + ["--json", "--method", "auto"], capsys)
+    code, out, _ = run(common + ["--json", "--draft-vocab", "10", "--profile"], capsys)
+    line = json.loads(out)
+    assert code == 0 and line["text"] == json.loads(full)["text"]
+    assert set(line["metrics"]["profile"]) >= {"draft forward", "target forward", "other", "total", "rounds"}
+    code, out, _ = run(common + ["--profile"], capsys)
+    assert code == 0 and "target forward" in out and "rounds)" in out

@@ -297,7 +297,7 @@ def _check_request(target, draft, prompts, method, draft_length, max_new_tokens,
         if lowest < 0 or highest >= model.get_input_embeddings().weight.shape[0]:
             raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
     if draft is not None and method.name != "auto":
-        vocab, draft_vocab = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
+        vocab, draft_vocab = (m.get_output_embeddings().out_features for m in (target, draft))
         if draft_vocab != vocab:
             raise ValueError(f"draft and target have different vocabularies ({draft_vocab} vs {vocab} logits)")
 
