@@ -185,10 +185,10 @@ def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float 
     """The speedup the speed model expects: per prompt, plain decoding costs a target prefill plus one step
     per token; speculative decoding costs both prefills plus tokens / tau rounds of N draft steps and one
     verify pass, with tau = diversed.theory.expected_tokens_per_round(measured per-position acceptance).
-    Only for a constant N without cut-off, at batch 1, with a measured verify pass of that length."""
+    Only for our runs at a constant N without cut-off, at batch 1, with the measured draft and verify pass."""
     length = row.spec.length
-    if (length is None or length.schedule != "constant" or length.confidence or row.spec.batch != 1
-            or f"verify_{length.initial + 1}" not in costs):
+    if (row.spec.peer or length is None or length.schedule != "constant" or length.confidence or row.spec.batch != 1
+            or row.spec.draft_vocab or f"verify_{length.initial + 1}" not in costs):
         return None
     summary = row.summary
     tokens = summary["new_tokens"] / prompts
