@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--method", default="exact",
                      help=f"auto (the target alone) or a rule, with its parameter as NAME:VALUE, e.g. static:0.7; "
                           f"one of {', '.join(METHODS)}")
-    gen.add_argument("--head", help="folder of a trained head, for --method diversed")
+    gen.add_argument("--head", help="folder of a trained head, for --method diversed (default: the head that "
+                                    "ships for the built-in pair)")
     gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
     _add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")

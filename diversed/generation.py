@@ -9,7 +9,7 @@ from diversed.decoding.engine import StopFn, WeightFn, decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.head.model import EnsembleHead
+from diversed.head.model import PRETRAINED_HEAD, EnsembleHead
 from diversed.models.loading import Pair
 
 
@@ -82,11 +82,12 @@ def generate(
     return completions
 
 
-def load_head(pair: Pair, directory: str) -> EnsembleHead:
-    """A trained head for this pair, refused if it was trained for other models."""
-    return EnsembleHead.load(directory, draft_hidden=pair.draft.config.hidden_size,
-                             target_hidden=pair.target.config.hidden_size, draft_model=pair.draft_name,
-                             target_model=pair.target_name).to(pair.target.device)
+def load_head(pair: Pair, directory: str | None = None) -> EnsembleHead:
+    """A trained head for this pair, refused if it was trained for other models. None: the head that ships
+    for the default pair (PRETRAINED_HEAD)."""
+    return EnsembleHead.load(PRETRAINED_HEAD if directory is None else directory,
+                             draft_hidden=pair.draft.config.hidden_size, target_hidden=pair.target.config.hidden_size,
+                             draft_model=pair.draft_name, target_model=pair.target_name).to(pair.target.device)
 
 
 def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:

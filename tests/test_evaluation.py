@@ -158,3 +158,17 @@ def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
     cut, stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12, stop=[stop])
     assert len(free) == 12 and stop in pair.tokenizer.decode(cut)
     assert cut == free[:len(cut)] and len(cut) < len(free) and stats.new_tokens == len(cut)
+
+
+def test_paired_comparisons_with_bootstrap_intervals(complete):
+    out, summaries = complete
+    by_method = {s["method"]: s for s in summaries}
+    assert by_method["auto"]["quality_vs_auto"] is None and by_method["exact"]["rejection_vs_exact"] is None
+    results = rows(out)
+    reward = {m: sum(r["reward"] for r in results if r["method"] == m) / 7 for m in METHODS}
+    static = by_method["static:0.2"]
+    assert static["quality_vs_auto"] == pytest.approx(reward["static:0.2"] - reward["auto"])
+    assert static["quality_vs_auto_low"] <= static["quality_vs_auto"] <= static["quality_vs_auto_high"]
+    # w = 0.2 keeps far more drafts than exact: its rejection rate is a fraction of exact's.
+    assert static["rejection_vs_exact_low"] <= static["rejection_vs_exact"] <= static["rejection_vs_exact_high"] < 1
+    assert summarize_results(results, METHODS) == summaries  # the fixed seed makes the intervals repeatable

@@ -18,7 +18,8 @@ class Method:
     """Which decoding to run: "auto" (the target alone) or a verification rule with its parameters.
 
     "dynamic" takes its weights from a weight function given to the decoder; "diversed" is "dynamic" with
-    the trained head saved in the folder `head` (diversed.head)."""
+    the trained head saved in the folder `head` (diversed.head), or without one the head that ships for
+    the default pair (diversed.head.model.PRETRAINED_HEAD)."""
 
     name: str = "exact"
     weight: float | None = None
@@ -31,8 +32,6 @@ class Method:
     def __post_init__(self) -> None:
         if self.name not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.name!r}")
-        if self.name == "diversed" and self.head is None:
-            raise ValueError("method 'diversed' needs the folder of a trained head (diversed:DIR or --head DIR)")
         if self.rule not in (None, "dynamic"):
             check_parameters(self.rule, **self.verify_params())
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
-COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "acceptance_rate", "tau",
-           "tokens_per_s", "speedup", "new_tokens")
+COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
+           "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
+           "rejection_vs_exact_high", "tau", "tokens_per_s", "speedup", "new_tokens")
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
 def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
@@ -18,6 +21,9 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
     quality: mean reward with a 95% interval (Wilson's for 0/1 rewards, normal otherwise);
     acceptance_rate: accepted / drafted over all examples; tau: new tokens / target forwards;
     tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's.
+    Paired comparisons on the examples both methods ran, with 95% percentile-bootstrap intervals (resampling
+    examples, fixed seed): quality_vs_auto, the difference in mean reward from auto's; rejection_vs_exact,
+    the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected).
     """
     summaries = []
     for method in methods:
@@ -37,9 +43,45 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
             "tokens_per_s": new_tokens / sum(r["wall_time"] for r in mine),
             "new_tokens": new_tokens / len(mine)})
     auto = next((s for s in summaries if s["method"] == "auto"), None)
+    by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
     for s in summaries:
         s["speedup"] = s["tokens_per_s"] / auto["tokens_per_s"] if auto else None
+        mine = by_method[s["method"]]
+        for key, other, statistic in (("quality_vs_auto", "auto", _reward_difference),
+                                      ("rejection_vs_exact", "exact", _rejection_ratio)):
+            compared = _paired_bootstrap(mine, by_method.get(other, {}), statistic) if s["method"] != other else None
+            s[key], s[key + "_low"], s[key + "_high"] = compared or (None, None, None)
     return summaries
+
+
+def _reward_difference(a: list[dict], b: list[dict]) -> float:
+    return (sum(r["reward"] for r in a) - sum(r["reward"] for r in b)) / len(a)
+
+
+def _rejection_ratio(a: list[dict], b: list[dict]) -> float | None:
+    def rejection(rows: list[dict]) -> float | None:
+        drafted = sum(r["drafted"] for r in rows)
+        return 1 - sum(r["accepted"] for r in rows) / drafted if drafted else None
+
+    mine, theirs = rejection(a), rejection(b)
+    return mine / theirs if mine is not None and theirs else None
+
+
+def _paired_bootstrap(a: dict, b: dict, statistic) -> tuple[float, float, float] | None:
+    """statistic over the examples both ran, and its 95% percentile-bootstrap interval (None if undefined)."""
+    shared = sorted(set(a) & set(b))
+    estimate = statistic([a[e] for e in shared], [b[e] for e in shared]) if shared else None
+    if estimate is None:
+        return None
+    rng = random.Random(BOOTSTRAP_SEED)
+    values = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        sample = [shared[rng.randrange(len(shared))] for _ in shared]
+        value = statistic([a[e] for e in sample], [b[e] for e in sample])
+        if value is not None:
+            values.append(value)
+    values.sort()
+    return estimate, values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]
 
 
 def _interval(values: list[float]) -> tuple[float, float]:
@@ -55,13 +97,20 @@ def _interval(values: list[float]) -> tuple[float, float]:
 
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
     """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
-    lines = [f"| method | n | {metric} (95% CI) | acceptance | tau | tokens/s | speedup | mean tokens |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) | tau "
+             "| tokens/s | speedup | mean tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
+        vs_auto = "-" if s["quality_vs_auto"] is None else (
+            f"{100 * s['quality_vs_auto']:+.1f} ({100 * s['quality_vs_auto_low']:+.1f} to "
+            f"{100 * s['quality_vs_auto_high']:+.1f})")
+        vs_exact = "-" if s["rejection_vs_exact"] is None else (
+            f"{s['rejection_vs_exact']:.2f} ({s['rejection_vs_exact_low']:.2f}-{s['rejection_vs_exact_high']:.2f})")
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
-            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {_percent(s['acceptance_rate'])} | "
-            f"{_number(s['tau'])} | {s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
+            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
+            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {_number(s['tau'])} | {s['tokens_per_s']:.2f} | "
+            f"{_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
     return "\n".join(lines)
 
 

@@ -81,7 +81,7 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=1) + "\n")
     _barrier()
-    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.startswith("diversed:")}
+    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.partition(":")[0] == "diversed"}
     done = {(r["example"], r["method"]) for r in _read_rows(out_dir)}
     todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
     part = out_dir / (f"results.rank{rank}.jsonl" if world > 1 else RESULTS_FILE)
