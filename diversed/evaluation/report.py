@@ -181,7 +181,7 @@ def _style(method: str) -> tuple[str, str, int]:
 def _label(method: str) -> str:
     """diversed:PATH/TO/HEAD -> diversed (HEAD): paths make poor legend entries."""
     name, _, value = method.partition(":")
-    return f"{name} ({Path(value).name})" if name == "diversed" else method
+    return f"{name} ({Path(value).name if value else 'packaged head'})" if name == "diversed" else method
 
 
 def _scale(value: float, key: str) -> float:
