@@ -9,7 +9,7 @@ from diversed.theory import expected_tokens_per_round
 
 def observed(kept_of_five: list[int], step: float, verify: dict[int, float]) -> SpeedModel:
     """A speed model after rounds of 5 drafts (kept counts given) with these draft-step and verify times."""
-    model = SpeedModel(maximum=16, decay=1.0, prior_rounds=0.0)
+    model = SpeedModel(maximum=16, decay=1.0, prior_drafts=0.0)
     for i, kept in enumerate(kept_of_five):
         k = list(verify)[i % len(verify)]
         model.observe([kept], [5], 5, 5 * step, k, verify[k])

@@ -54,15 +54,16 @@ class SpeedModel:
     for tau): a the per-position acceptance, d the draft step time, v(k) = v0 + v1 k the target's forward
     time over k tokens. All three are estimated from the rounds so far, with older rounds weighing less
     (`decay` per round), since acceptance drifts within a text (code, then prose). The acceptance is the
-    maximum-likelihood estimate for geometric runs: kept drafts / (kept drafts + rejections), from a prior
-    worth a few rounds. Until two different verify lengths have been timed, v1 is taken as 0: that
-    overestimates long rounds, so the next round is long, which gives the second point of the line.
+    maximum-likelihood estimate for geometric runs: kept drafts / (kept drafts + rejections), starting from
+    `prior_drafts` pseudo-drafts at `prior_acceptance`. Until two different verify lengths have been timed,
+    v1 is taken as 0: that overestimates long rounds, so the next round is long, which gives the second point
+    of the line.
     """
 
-    def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_rounds: float = 2.0
+    def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0
                  ) -> None:
         self.maximum, self.decay = maximum, decay
-        self.kept, self.rejections = prior_acceptance * prior_rounds * 4, (1 - prior_acceptance) * prior_rounds * 4
+        self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
         self.verify = [0.0] * 5  # decayed sums: weight, k, k^2, t, k t (a weighted least-squares line)
 
