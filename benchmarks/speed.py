@@ -227,7 +227,7 @@ def main() -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--draft-lens", type=int, nargs="+", default=[3, 5],
                         help="exact runs at each; static, batch and peer runs at the first")
-    parser.add_argument("--weights", type=float, nargs="+", default=[0.7, 0.5])
+    parser.add_argument("--weights", type=float, nargs="*", default=[0.7, 0.5])
     parser.add_argument("--batch", type=int, default=4, help="also run auto and exact at this batch size")
     parser.add_argument("--heads", nargs="*", default=[], help="trained DIVERSED heads to run (folders)")
     parser.add_argument("--schedules", action="store_true",

@@ -116,3 +116,9 @@ def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsy
     assert set(line["metrics"]["profile"]) >= {"draft forward", "target forward", "other", "total", "rounds"}
     code, out, _ = run(common + ["--profile"], capsys)
     assert code == 0 and "target forward" in out and "rounds)" in out
+
+
+def test_the_packaged_head_is_refused_for_other_models(models, capsys):
+    code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
+                        "--method", "diversed", "t3"], capsys)
+    assert code == 2 and "was trained for draft hidden size 896" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from diversed.models.default_pair import (
     prepare_default_pair,
 )
 from diversed.models.gguf import SOURCE_MARKER, convert_gguf, converted_from
-from diversed.models.loading import load_pair
+from diversed.models.loading import load_model, load_pair
 
 N_PARTS = 12  # past 9, so sorting by name ("part10" < "part2") would show
 
@@ -176,3 +177,22 @@ def test_generate_command_prints_json_on_the_default_pair(capsys):
                  "Say hello."])
     line = json.loads(capsys.readouterr().out)
     assert code == 0 and line["text"] and 0 <= line["acceptance_rate"] <= 1 and line["new_tokens"] == 6
+
+
+@pytest.mark.slow
+def test_the_packaged_head_runs_on_the_default_pair(default_pair):
+    (completion,) = generate(default_pair, "def fibonacci(n):", method="diversed", temperature=1.0, max_new_tokens=8,
+                             seed=7)
+    assert completion.metrics["method"] == "diversed" and completion.metrics["new_tokens"] == 8
+    assert 0 <= completion.metrics["acceptance_rate"] <= 1
+
+
+@pytest.mark.slow
+def test_a_draft_with_a_restricted_vocabulary_stays_exact_on_the_default_pair(default_pair):
+    draft_dir, _ = prepare_default_pair(progress=False)
+    _, small_draft = load_model(str(draft_dir), vocab=32768)
+    small = replace(default_pair, draft=small_draft)
+    prompt = "Write a Python function that reverses a string."
+    auto = generate(default_pair, prompt, method="auto", temperature=0, max_new_tokens=12)
+    exact = generate(small, prompt, method="exact", temperature=0, max_new_tokens=12, draft_length=4)
+    assert exact[0].tokens == auto[0].tokens and exact[0].metrics["acceptance_rate"] > 0.5
