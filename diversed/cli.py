@@ -133,13 +133,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from diversed.head.train import train_head
+    from diversed.evaluation.report import plot_training
+    from diversed.head.train import LOG_FILE, train_head
     from diversed.tasks import get_task
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     task = get_task(args.task)
     train_head(_load(args), task, config, args.out, resume=args.resume)
+    plot_training(args.out / LOG_FILE, args.out / "training.png")
     print(args.out)
     return 0
 

@@ -90,6 +90,7 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
                       "6", "--prompts-per-step", "3", "--samples-per-prompt", "2", *pair_args], capsys)
     assert code == 0 and (head / "head.safetensors").is_file() and (head / "head.json").is_file()
     assert len((head / "log.jsonl").read_text().splitlines()) == 2
+    assert (head / "training.png").read_bytes()[:4] == b"\x89PNG"
     code, out, _ = run(["generate", "--json", "--method", "diversed", "--head", str(head), "--no-chat",
                         "--max-new-tokens", "4", *pair_args, "t3"], capsys)
     assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"

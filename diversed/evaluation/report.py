@@ -170,6 +170,38 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
     return paths
 
 
+def plot_training(log: Path, out: Path) -> Path:
+    """The curves of a head's training run (its log.jsonl): reward, measured acceptance rate and the
+    acceptance proxy A, and mean w, against the step, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    if not steps:
+        raise ValueError(f"{log} has no training steps to plot")
+    x = [s["step"] for s in steps]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    axes[0].plot(x, [s["reward"] for s in steps], "o-", color="tab:green")
+    axes[0].set_title("mean reward of the step's samples")
+    axes[1].plot(x, [s["acceptance_rate"] for s in steps], "o-", label="measured acceptance rate")
+    axes[1].plot(x, [s["acceptance"] for s in steps], "s--", label="acceptance proxy A")
+    axes[1].legend(fontsize=8)
+    axes[1].set_title("acceptance")
+    axes[2].plot(x, [s["mean_w"] for s in steps], "o-", color="tab:red")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("mean w (weight on the target)")
+    for ax in axes:
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
 def _style(method: str) -> tuple[str, str, int]:
     if method.startswith("diversed"):
         return "*", "tab:red", 14
