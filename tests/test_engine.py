@@ -279,7 +279,7 @@ def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, monkeypa
     spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
                   max_new_tokens=30)
     assert spec.tokens == plain.tokens
-    # Round 2 can only use the prior: one timed verify length gives no slope, so it drafts longer.
+    # These tiny draft and target cost about the same per step, so the speed model leaves N = 2 (for N = 1).
     assert requested[0] == 2 and len(set(requested)) > 1 and max(requested) <= 16
 
 
