@@ -9,7 +9,7 @@ spent outside the two models' forwards (the engine's phase profile). Rows named 
 generate(assistant_model=...). Configurations take turns prompt chunk by prompt chunk, so that a slow
 spell of a shared machine spreads over all of them.
 
-    .venv/bin/python benchmarks/speed.py --prompts 10 --max-new-tokens 128 --schedules --peer-defaults
+    .venv/bin/python benchmarks/speed.py --prompts 10 --max-new-tokens 128 --schedules --peers hf-default hf-exact
 
 speedup = (tokens/s of the method) / (tokens/s of auto): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
@@ -35,6 +35,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.decoding.state import ModelState
 from diversed.evaluation.peer import assisted_generate
+from diversed.evaluation.run import parse_methods
 from diversed.generation import encode_prompt, load_head
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import Pair, load_model, load_pair
@@ -235,10 +236,9 @@ def main() -> None:
     parser.add_argument("--draft-vocab", type=int, metavar="K",
                         help="also run exact (and the auto schedule with --schedules) with a draft that scores only "
                              "its K most frequent tokens")
-    parser.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
-    parser.add_argument("--peer-weights", type=float, nargs="*", help="the peer's static weights (default: --weights)")
-    parser.add_argument("--peer-defaults", action="store_true",
-                        help="also run the peer with its own defaults (20 drafts, confidence cut-off 0.4)")
+    parser.add_argument("--peers", nargs="*",
+                        help="transformers' assisted generation: hf-exact, hf-static:W, hf-default (its own 20 drafts "
+                             "and 0.4 cut-off); default: hf-exact and hf-static:W for each --weights; none: --peers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write all rows and costs as JSON here")
     args = parser.parse_args()
@@ -273,10 +273,10 @@ def main() -> None:
     if args.batch > 1:
         specs += [Spec(m, None if m == "auto" else n_main, args.batch)
                   for m in ["auto", "exact"] + [f"diversed:{head}" for head in args.heads]]
-    if not args.no_peer:
-        peer_weights = args.weights if args.peer_weights is None else args.peer_weights
-        specs += [Spec("hf-default", None)] if args.peer_defaults else []
-        specs += [Spec("hf-exact", n_main)] + [Spec(f"hf-static:{w}", n_main) for w in peer_weights]
+    peers = ["hf-exact"] + [f"hf-static:{w}" for w in args.weights] if args.peers is None else args.peers
+    if not all(p.startswith("hf-") for p in peers):
+        parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")
+    specs += [Spec(p, None if p == "hf-default" else n_main) for p in (parse_methods(peers) if peers else [])]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
         rows = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)
