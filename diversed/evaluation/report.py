@@ -128,7 +128,7 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
     """quality_vs_acceptance.png, quality_vs_speedup.png and throughput_vs_acceptance.png.
 
     The static ensemble's sweep is drawn as a curve (ordered by w), exact and auto as points, DIVERSED
-    heads as stars and transformers' assisted generation as crosses."""
+    heads as stars and transformers' assisted generation as crosses (its defaults as a plus)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -206,7 +206,7 @@ def _style(method: str) -> tuple[str, str, int]:
     if method.startswith("diversed"):
         return "*", "tab:red", 14
     if method.startswith("hf-"):
-        return "x", "tab:gray", 9
+        return ("P" if method == "hf-default" else "x"), "tab:gray", 9
     return {"auto": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
 
 
