@@ -120,10 +120,10 @@ def test_metrics_add_up(target, draft):
                  max_new_tokens=30)
     for s in out.stats:
         d = s.to_dict()
-        assert s.accepted <= s.drafted == 3 * s.target_forwards
+        assert s.accepted <= s.drafted <= 3 * s.target_forwards  # the last rounds may draft fewer
         assert s.new_tokens <= s.accepted + s.target_forwards  # each round emits kept drafts + one token
         assert d["tau"] == s.new_tokens / s.target_forwards
-        assert s.reached[0] == s.target_forwards and s.kept[0] == s.reached[1]
+        assert s.reached[0] == s.target_forwards and s.kept[0] >= s.reached[1]  # equal but for a short last round
     total = out.summary()
     assert total["drafted"] == sum(s.drafted for s in out.stats)
     assert total["acceptance_rate"] == total["accepted"] / total["drafted"]
@@ -246,7 +246,8 @@ def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, monke
     unsure_draft = tiny_model(5, hidden=32)  # random logits: every drafted token is below the cut-off
     decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY, draft_length=DraftLength(5, confidence=0.9),
            max_new_tokens=10)
-    assert set(requested) == {5}
+    # A round writes at most 2 tokens here, so the first three rounds are not cut by the tokens still needed.
+    assert requested[:3] == [5, 5, 5] and max(requested) == 5
 
 
 def test_bad_weights_and_unsupported_models_are_refused(target, draft):
@@ -294,3 +295,19 @@ def test_profile_splits_the_wall_time_into_phases(target, draft, method):
     assert profile["rounds"] == max(s.target_forwards for s in out.stats)
     assert (profile["draft forward"] > 0) == (method.name != "auto")
     assert (profile["head"] > 0) == (method.name == "dynamic")
+
+
+def test_rounds_draft_no_more_than_the_tokens_still_needed(target, draft, monkeypatch):
+    import diversed.decoding.engine as engine
+
+    requested = []
+    original = engine._draft
+
+    def spy(state, tokens, valid, n, *args):
+        requested.append(n)
+        return original(state, tokens, valid, n, *args)
+
+    monkeypatch.setattr(engine, "_draft", spy)
+    out = decode(target, PROMPTS[:1], draft=draft, sampling=GREEDY, draft_length=DraftLength(10), max_new_tokens=7)
+    assert len(out.tokens[0]) == 7 and requested[0] == 6 and all(n <= 6 for n in requested)
+    assert out.stats[0].accepted <= 6 and out.stats[0].drafted == sum(requested)

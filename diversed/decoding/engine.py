@@ -163,8 +163,10 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: 
     while len(run.rows):
         clock.rounds += 1
         before = dict(clock.seconds)
-        drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, n, sampling,
-                                             draft_length.confidence, generator, clock)
+        # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
+        needed = run.max_new_tokens - min(len(run.tokens[int(i)]) for i in run.rows)
+        drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, min(n, max(needed - 1, 1)),
+                                             sampling, draft_length.confidence, generator, clock)
         n_round = drafts.shape[1]
         with clock.phase("target forward"):
             h_target, logits = target.feed(torch.cat([pending, drafts], 1),
