@@ -28,6 +28,22 @@ def draft(request, target):
     return perturbed(target, 0.05, 1) if request.param == "close" else tiny_model(5, layers=2, hidden=32)
 
 
+@pytest.fixture
+def requested(monkeypatch) -> list[int]:
+    """The draft length the loop asks for in each round, in order."""
+    import diversed.decoding.engine as engine
+
+    lengths = []
+    original = engine._draft
+
+    def spy(state, tokens, valid, n, *args):
+        lengths.append(n)
+        return original(state, tokens, valid, n, *args)
+
+    monkeypatch.setattr(engine, "_draft", spy)
+    return lengths
+
+
 @pytest.mark.parametrize("n", [1, 3, 5])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_exact_equals_plain_target_decoding(target, draft, n, batch):
@@ -232,17 +248,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
     assert emitted[len(prompt):][: len(out.tokens[0])] == out.tokens[0] and len(rounds) > 5
 
 
-def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, monkeypatch):
-    import diversed.decoding.engine as engine
-
-    requested = []
-    original = engine._draft
-
-    def spy(state, tokens, valid, n, *args):
-        requested.append(n)
-        return original(state, tokens, valid, n, *args)
-
-    monkeypatch.setattr(engine, "_draft", spy)
+def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, requested):
     unsure_draft = tiny_model(5, hidden=32)  # random logits: every drafted token is below the cut-off
     decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY, draft_length=DraftLength(5, confidence=0.9),
            max_new_tokens=10)
@@ -264,17 +270,7 @@ def test_bad_weights_and_unsupported_models_are_refused(target, draft):
         decode(capped, PROMPTS, method=Method("auto"))
 
 
-def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, monkeypatch):
-    import diversed.decoding.engine as engine
-
-    requested = []
-    original = engine._draft
-
-    def spy(state, tokens, valid, n, *args):
-        requested.append(n)
-        return original(state, tokens, valid, n, *args)
-
-    monkeypatch.setattr(engine, "_draft", spy)
+def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requested):
     close = perturbed(target, 0.05, 1)
     plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=30)
     spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
@@ -297,17 +293,7 @@ def test_profile_splits_the_wall_time_into_phases(target, draft, method):
     assert (profile["head"] > 0) == (method.name == "dynamic")
 
 
-def test_rounds_draft_no_more_than_the_tokens_still_needed(target, draft, monkeypatch):
-    import diversed.decoding.engine as engine
-
-    requested = []
-    original = engine._draft
-
-    def spy(state, tokens, valid, n, *args):
-        requested.append(n)
-        return original(state, tokens, valid, n, *args)
-
-    monkeypatch.setattr(engine, "_draft", spy)
+def test_rounds_draft_no_more_than_the_tokens_still_needed(target, draft, requested):
     out = decode(target, PROMPTS[:1], draft=draft, sampling=GREEDY, draft_length=DraftLength(10), max_new_tokens=7)
     assert len(out.tokens[0]) == 7 and requested[0] == 6 and all(n <= 6 for n in requested)
     assert out.stats[0].accepted <= 6 and out.stats[0].drafted == sum(requested)
