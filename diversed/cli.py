@@ -11,7 +11,7 @@ from pathlib import Path
 
 from diversed.decoding.method import METHODS
 from diversed.decoding.profile import profile_table
-from diversed.decoding.schedule import SCHEDULES, DraftLength
+from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES
 from diversed.head.train import TrainConfig
 
@@ -34,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--draft-len", type=int, default=5, help="drafted tokens per round N (default 5)")
+    gen.add_argument("--draft-len", type=int,
+                     help=f"drafted tokens per round N (default {DEFAULT_DRAFTING.initial}; the first round's N of the "
+                          f"other schedules, default {DraftLength.initial})")
     gen.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
                      help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (the N "
                           "that the speed model predicts fastest, from measured costs and running acceptance)")
-    gen.add_argument("--draft-confidence", type=float, default=0.0,
-                     help="stop drafting once a drafted token's probability is below this (0 = off)")
+    gen.add_argument("--draft-confidence", type=float, default=DEFAULT_DRAFTING.confidence,
+                     help="stop drafting once a drafted token's probability is below this "
+                          f"(default {DEFAULT_DRAFTING.confidence}; 0 = off)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
@@ -100,6 +103,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--draft-vocab", type=int, metavar="K",
                         help="the draft scores only its K most frequent tokens: a cheaper draft, still lossless")
+    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
+                        help="run a float32 CPU draft in dynamic int8: about 2x cheaper, still lossless (default: on)")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -113,7 +118,10 @@ def _generate(args: argparse.Namespace) -> int:
         method = replace(method, delta=args.delta)
     prompts = _read_prompts(args)
     pair = _load(args)
-    schedule = DraftLength(args.draft_len, args.draft_schedule, confidence=args.draft_confidence)
+    length = args.draft_len
+    if length is None:
+        length = DEFAULT_DRAFTING.initial if args.draft_schedule == "constant" else DraftLength.initial
+    schedule = DraftLength(length, args.draft_schedule, confidence=args.draft_confidence)
     completions = generate(pair, prompts, method=method, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, draft_length=schedule, max_new_tokens=args.max_new_tokens,
                            stop=args.stop, chat=False if args.no_chat else None, system=args.system,
@@ -219,7 +227,8 @@ def _load(args: argparse.Namespace):
     from diversed.models.loading import load_pair
 
     with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
-        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device, draft_vocab=args.draft_vocab)
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device, draft_vocab=args.draft_vocab,
+                         draft_int8=args.draft_int8)
         bar.update()
     return pair
 

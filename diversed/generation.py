@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from diversed.decoding.engine import StopFn, WeightFn, decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
+from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.head.model import PRETRAINED_HEAD, EnsembleHead
 from diversed.models.loading import Pair
 
@@ -37,7 +37,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    draft_length: int | DraftLength = 5,
+    draft_length: int | DraftLength = DEFAULT_DRAFTING,
     max_new_tokens: int = 128,
     stop: Sequence[str] = (),
     chat: bool | None = None,
@@ -57,7 +57,6 @@ def generate(
     """
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     method = Method.parse(method) if isinstance(method, str) else method
-    draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
     if method.name == "diversed" and weight_fn is None:
         weight_fn = load_head(pair, method.head)
     if batch_size < 1:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diversed.cli import main
@@ -163,6 +164,7 @@ def default_pair():
 
 @pytest.mark.slow
 def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
+    assert isinstance(default_pair.draft.lm_head, DynamicInt8Linear)  # the default draft: dynamic int8
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
     auto = generate(default_pair, prompts, method="auto", temperature=0, max_new_tokens=10)
     exact = generate(default_pair, prompts, method="exact", temperature=0, max_new_tokens=10, draft_length=3,

@@ -60,7 +60,7 @@ def decode(
     draft: PreTrainedModel | None = None,
     method: Method = Method("exact"),
     sampling: Sampling = Sampling(),
-    draft_length: DraftLength = DraftLength(),
+    draft_length: int | DraftLength = DraftLength(),
     max_new_tokens: int = 128,
     eos_token_ids: Sequence[int] = (),
     stop: StopFn | None = None,
@@ -75,7 +75,9 @@ def decode(
     A sequence stops at any of eos_token_ids (kept in its tokens), when stop(tokens) is true, or at
     max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the per-phase times
     of Generation.profile exact on a GPU (by waiting for the device around each phase).
+    draft_length: a DraftLength, or an int N for N drafts every round.
     """
+    draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
     _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
     generator = torch.Generator(device=target.device).manual_seed(seed)
     clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")

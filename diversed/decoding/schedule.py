@@ -47,6 +47,12 @@ class DraftLength:
         return min(n + 2, self.maximum) if fully_kept_fraction >= 0.5 else max(n - 1, 1)
 
 
+# What generate() and `diversed generate` draft by default: 20 tokens a round, a sequence stopping early
+# once its draft is less than 40% sure (transformers' assisted-generation defaults too). The fastest
+# setting measured on the default pair, at T = 0 and T = 1 (benchmarks/README.md).
+DEFAULT_DRAFTING = DraftLength(20, confidence=0.4)
+
+
 class SpeedModel:
     """The running speed model of one decoding call, for the "auto" schedule.
 

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from diversed.models.default_pair import cache_dir, prepare_default_pair
 from diversed.models.gguf import convert_gguf
+from diversed.models.int8 import quantize_linears_int8
 from diversed.models.onednn import use_onednn_linears
 from diversed.models.vocab import restrict_draft_vocab
 
@@ -37,11 +38,14 @@ class Pair:
 
 
 def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float32",
-              device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None) -> Pair:
+              device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
+              draft_int8: bool = True) -> Pair:
     """Load a draft and a target: hub ids, local folders or .gguf files; the built-in default pair
     (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named. onednn: run the linear layers of
     float32 CPU models with oneDNN (diversed.models.onednn), about 1.5-2x faster here. draft_vocab: let
     the draft score only its most frequent tokens (diversed.models.vocab): a cheaper draft, still lossless.
+    draft_int8: run a float32 CPU draft's linear layers in dynamic int8 (diversed.models.int8): a draft step
+    about 2x cheaper here, at some acceptance; lossless verification still writes what the target would.
 
     Raises ValueError if only one is named or if their tokenizers differ.
     """
@@ -52,17 +56,19 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
-    draft_tokenizer, draft_model = load_model(draft, dtype=dtype, device=device, onednn=onednn, vocab=draft_vocab)
+    draft_tokenizer, draft_model = load_model(draft, dtype=dtype, device=device, onednn=onednn, vocab=draft_vocab,
+                                              int8=draft_int8)
     target_tokenizer, target_model = load_model(target, dtype=dtype, device=device, onednn=onednn)
     check_same_tokenizer(draft_tokenizer, target_tokenizer, draft, target)
     return Pair(draft_model, target_model, target_tokenizer, _name(draft), _name(target))
 
 
 def load_model(name: str, *, dtype: str = "float32", device: str = "cpu", onednn: bool = True,
-               vocab: int | None = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+               vocab: int | None = None, int8: bool = False) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and frozen eval-mode model from a hub id, a local folder or a .gguf file (converted once
     into the cache, since dequantizing a GGUF takes tens of seconds and a converted copy loads in seconds).
-    vocab: score only the `vocab` most frequent tokens (diversed.models.vocab; for drafts)."""
+    vocab: score only the `vocab` most frequent tokens (diversed.models.vocab; for drafts).
+    int8: dynamic-int8 linear layers for a float32 CPU model (diversed.models.int8; for drafts)."""
     if name.endswith(".gguf"):
         path = Path(name)
         if not path.is_file():
@@ -77,6 +83,8 @@ def load_model(name: str, *, dtype: str = "float32", device: str = "cpu", onednn
     model.requires_grad_(False)
     if vocab is not None:
         restrict_draft_vocab(model, tokenizer, vocab)
+    if int8:
+        quantize_linears_int8(model)
     if onednn and dtype == "float32" and device == "cpu":
         use_onednn_linears(model)
     return tokenizer, model
