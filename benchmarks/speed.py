@@ -9,7 +9,8 @@ spent outside the two models' forwards (the engine's phase profile). Rows named 
 generate(assistant_model=...). Configurations take turns prompt chunk by prompt chunk, so that a slow
 spell of a shared machine spreads over all of them.
 
-    .venv/bin/python benchmarks/speed.py --prompts 10 --max-new-tokens 128 --schedules --peers hf-default hf-exact
+    .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
+        --batch 8 --peers hf-default hf-exact
 
 speedup = (tokens/s of the method) / (tokens/s of auto): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
@@ -94,12 +95,14 @@ class Row:
 
 
 @torch.inference_mode()
-def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats: int) -> dict[str, float]:
-    """Median seconds of one draft step, one target step and one target pass over N+1 tokens, each after
-    the prompt is in the cache (the cache is rolled back after every timed call), and of each model's
-    prefill of the prompt. The calls take turns, repeat after repeat, so that a slow spell of the machine
-    hits all of them alike instead of one."""
-    states = {"draft": _prefilled(pair.draft, prompt), "target": _prefilled(pair.target, prompt)}
+def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats: int, context: int
+                  ) -> dict[str, float]:
+    """Median seconds of one draft step, one target step and one target pass over N+1 tokens, each with
+    `context` tokens in the cache (the prompt, extended by repeating it: where decoding runs on average; the
+    cache is rolled back after every timed call), and of each model's prefill of the prompt alone. The calls
+    take turns, repeat after repeat, so that a slow spell of the machine hits all of them alike."""
+    cached = (prompt * (context // len(prompt) + 1))[:max(context, len(prompt))]
+    states = {"draft": _prefilled(pair.draft, cached), "target": _prefilled(pair.target, cached)}
 
     def step(role: str, width: int):
         tokens = torch.tensor([prompt[-width:]])
@@ -218,65 +221,85 @@ def _cell(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def drafting(text: str) -> DraftLength:
+    """A drafting from the command line: "N" (N every round), "N/C" (N, a sequence stopping once a draft's
+    probability is below C) or "auto:N" (the auto schedule from N)."""
+    schedule, _, rest = text.rpartition(":")
+    length, _, confidence = rest.partition("/")
+    try:
+        return DraftLength(int(length), schedule or "constant", confidence=float(confidence or 0))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not a drafting (N, N/C or auto:N): {text!r} ({error})") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draft")
     parser.add_argument("--target")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
+                        help="the draft in dynamic int8, as `diversed generate` runs it (default: on)")
     parser.add_argument("--prompts", type=int, default=10, help="held-out HumanEval prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--draft-lens", type=int, nargs="+", default=[3, 5],
-                        help="exact runs at each; static, batch and peer runs at the first")
+    parser.add_argument("--draftings", type=drafting, nargs="+", default=[DraftLength(3), DraftLength(5)],
+                        help="run exact with each: N, N/C (cut-off C) or auto:N (default: 3 5)")
+    parser.add_argument("--main", type=drafting,
+                        help="the drafting of the static, DIVERSED and batch rows (default: the first of --draftings)")
     parser.add_argument("--weights", type=float, nargs="*", default=[0.7, 0.5])
-    parser.add_argument("--batch", type=int, default=4, help="also run auto and exact at this batch size")
-    parser.add_argument("--heads", nargs="*", default=[], help="trained DIVERSED heads to run (folders)")
-    parser.add_argument("--schedules", action="store_true",
-                        help="also run exact with the auto schedule and with 20 drafts and a 0.4 cut-off")
+    parser.add_argument("--batch", type=int, default=4,
+                        help="also run auto and every method at the main drafting at this batch size")
+    parser.add_argument("--heads", nargs="*", default=[],
+                        help="DIVERSED heads to run (folders; 'packaged' for the head that ships with the package)")
     parser.add_argument("--draft-vocab", type=int, metavar="K",
-                        help="also run exact (and the auto schedule with --schedules) with a draft that scores only "
-                             "its K most frequent tokens")
+                        help="also run exact at the main drafting with a draft that scores only its K most frequent "
+                             "tokens")
     parser.add_argument("--peers", nargs="*",
-                        help="transformers' assisted generation: hf-exact, hf-static:W, hf-default (its own 20 drafts "
-                             "and 0.4 cut-off); default: hf-exact and hf-static:W for each --weights; none: --peers")
+                        help="transformers' assisted generation: hf-exact and hf-static:W at the first drafting's N, "
+                             "hf-default (its own 20 drafts and 0.4 cut-off); default: hf-exact and hf-static:W for "
+                             "each --weights; none: --peers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write all rows and costs as JSON here")
     args = parser.parse_args()
 
-    pair = load_pair(args.draft, args.target, dtype=args.dtype)
+    pair = load_pair(args.draft, args.target, dtype=args.dtype, draft_int8=args.draft_int8)
     pairs = {None: pair}
     if args.draft_vocab:
         # Only the draft differs: load it a second time, restricted, and share the target.
         draft_name = args.draft or str(prepare_default_pair()[0])
-        pairs[args.draft_vocab] = replace(pair, draft=load_model(draft_name, dtype=args.dtype,
-                                                                 vocab=args.draft_vocab)[1])
+        pairs[args.draft_vocab] = replace(pair, draft=load_model(draft_name, dtype=args.dtype, vocab=args.draft_vocab,
+                                                                 int8=args.draft_int8)[1])
     problems = load_humaneval("test")[: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in problems]
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
                f"torch {torch.__version__}")
-    print(f"# {pair.draft_name} -> {pair.target_name}, {args.dtype}, {len(prompts)} HumanEval test prompts, "
-          f"{args.max_new_tokens} new tokens, {machine}\n")
-    costs = forward_costs(pair, prompts[0], args.draft_lens, repeats=10)
-    print("| forward | ms | / target step |\n|---|---|---|")
+    draft_kind = "int8 draft" if args.draft_int8 else f"{args.dtype} draft"
+    print(f"# {pair.draft_name} -> {pair.target_name}, {args.dtype} target, {draft_kind}, {len(prompts)} HumanEval "
+          f"test prompts, {args.max_new_tokens} new tokens, {machine}\n")
+    # Costs where decoding runs on average: after the prompt and half the new tokens.
+    context = statistics.mean(map(len, prompts)) + args.max_new_tokens // 2
+    timed = sorted({d.initial for d in args.draftings if d.schedule == "constant" and not d.confidence})
+    costs = forward_costs(pair, prompts[0], timed, repeats=10, context=int(context))
+    print(f"Forward costs with {int(context)} tokens in the cache (prefills: the first prompt, {len(prompts[0])} "
+          "tokens):\n\n| forward | ms | / target step |\n|---|---|---|")
     for name, seconds in costs.items():
         print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |")
-    results = {"machine": machine, "dtype": args.dtype, "costs": costs, "runs": {}}
-    n_main = DraftLength(args.draft_lens[0])  # statics, heads, batches and the peer use the first draft length
-    specs = [Spec("auto", None)] + [Spec("exact", DraftLength(n)) for n in args.draft_lens]
-    specs += [Spec(f"static:{w}", n_main) for w in args.weights]
-    specs += [Spec(f"diversed:{head}", n_main) for head in args.heads]
-    if args.schedules:
-        specs += [Spec("exact", DraftLength(n_main.initial, "auto")), Spec("exact", DraftLength(20, confidence=0.4))]
+    results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "costs": costs,
+               "cost_context": int(context), "runs": {}}
+    main_drafting = args.main or args.draftings[0]
+    heads = [None if h == "packaged" else h for h in args.heads]
+    methods = [f"static:{w}" for w in args.weights] + [f"diversed:{h}" if h else "diversed" for h in heads]
+    specs = [Spec("auto", None)] + [Spec("exact", d) for d in args.draftings]
+    specs += [Spec(m, main_drafting) for m in methods]
     if args.draft_vocab:
-        lengths = [n_main] + ([DraftLength(n_main.initial, "auto")] if args.schedules else [])
-        specs += [Spec("exact", length, draft_vocab=args.draft_vocab) for length in lengths]
+        specs.append(Spec("exact", main_drafting, draft_vocab=args.draft_vocab))
     if args.batch > 1:
-        specs += [Spec(m, None if m == "auto" else n_main, args.batch)
-                  for m in ["auto", "exact"] + [f"diversed:{head}" for head in args.heads]]
+        specs += [Spec("auto", None, args.batch)] + [Spec(m, main_drafting, args.batch) for m in ["exact", *methods]]
     peers = ["hf-exact"] + [f"hf-static:{w}" for w in args.weights] if args.peers is None else args.peers
     if not all(p.startswith("hf-") for p in peers):
         parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")
-    specs += [Spec(p, None if p == "hf-default" else n_main) for p in (parse_methods(peers) if peers else [])]
+    specs += [Spec(p, None if p == "hf-default" else DraftLength(args.draftings[0].initial))
+              for p in (parse_methods(peers) if peers else [])]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
         rows = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)

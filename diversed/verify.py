@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from diversed.decoding.sampling import draw
+
 RULES = ("exact", "lossy", "static", "dynamic", "cascade-chow", "cascade-opt", "cascade-token", "typical")
 
 # Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
@@ -107,7 +109,7 @@ def verify(
         corrected = p[:, :n] if rule in ("static", "dynamic") else pi
         residual = _residual(corrected[rows, stopped], q[rows, stopped])
         next_dist = torch.where(all_kept.unsqueeze(-1), p[:, n], residual)
-        next_token = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)
+        next_token = draw(next_dist, generator)
     return Verification(num_accepted, next_token, accepted, accept_prob)
 
 
@@ -166,7 +168,7 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
     if greedy:
         next_token = next_dist.argmax(-1)
     else:
-        next_token = torch.multinomial(next_dist, 1, generator=generator).squeeze(-1)
+        next_token = draw(next_dist, generator)
     return Verification(num_accepted, next_token, accepted, passed.float())
 
 
