@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
     ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
     ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--draft-len", type=int, default=5)
+    ev.add_argument("--draft-len", type=int, default=DEFAULT_DRAFTING.initial,
+                    help=f"drafted tokens per round (default {DEFAULT_DRAFTING.initial}; hf-exact drafts as many)")
+    ev.add_argument("--draft-confidence", type=float, default=DEFAULT_DRAFTING.confidence,
+                    help=f"stop drafting below this draft probability (default {DEFAULT_DRAFTING.confidence})")
     ev.add_argument("--max-new-tokens", type=int, help="default: the task's")
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
@@ -163,8 +166,11 @@ def _eval(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     _init_distributed(args)
     pair = _load(args)
-    config = EvalConfig(args.task, args.temperature, args.draft_len, args.max_new_tokens or task.max_new_tokens,
-                        args.split, args.limit, args.seed, pair.draft_name, pair.target_name, args.dtype)
+    config = EvalConfig(args.task, temperature=args.temperature, draft_len=args.draft_len,
+                        draft_confidence=args.draft_confidence,
+                        max_new_tokens=args.max_new_tokens or task.max_new_tokens, split=args.split, limit=args.limit,
+                        seed=args.seed, draft_model=pair.draft_name, target_model=pair.target_name, dtype=args.dtype,
+                        draft_int8=args.draft_int8)
     summaries = evaluate(pair, task, methods, config, args.out, resume=args.resume)
     if summaries:
         print(markdown_table(summaries, task.metric))

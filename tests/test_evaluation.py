@@ -108,6 +108,15 @@ def test_resume_refuses_a_different_setting(complete, pair, task):
     other = run.EvalConfig(**{**run.asdict(CONFIG), "temperature": 0.5})
     with pytest.raises(ValueError, match="temperature"):
         evaluate(pair, task, METHODS, other, out, resume=True, progress=False)
+    # A setting that the saved run does not record (written by an older version) is named too.
+    cut_off = run.EvalConfig(**{**run.asdict(CONFIG), "draft_confidence": 0.4})
+    saved = json.loads((out / run.CONFIG_FILE).read_text())
+    (out / run.CONFIG_FILE).write_text(json.dumps({k: v for k, v in saved.items() if k != "draft_confidence"}))
+    try:
+        with pytest.raises(ValueError, match="draft_confidence"):
+            evaluate(pair, task, METHODS, cut_off, out, resume=True, progress=False)
+    finally:
+        (out / run.CONFIG_FILE).write_text(json.dumps(saved))
 
 
 def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
 from diversed.generation import cut_at_stop, encode_prompt, generate, load_head
@@ -35,6 +36,7 @@ class EvalConfig:
     task: str
     temperature: float = 1.0
     draft_len: int = 5
+    draft_confidence: float = 0.0  # a sequence stops drafting once a draft's probability is below this
     max_new_tokens: int = 128
     split: str = "test"
     limit: int | None = None
@@ -42,6 +44,7 @@ class EvalConfig:
     draft_model: str = ""
     target_model: str = ""
     dtype: str = ""
+    draft_int8: bool = False  # asked for; it applies to float32 CPU drafts
 
 
 def parse_methods(text: str | Sequence[str]) -> list[str]:
@@ -105,7 +108,9 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     rows = _merge(out_dir, examples, methods)
     summaries = summarize_results(rows, methods)
     header = (f"{config.task} ({config.split}, {len(examples)} examples), {config.draft_model} -> "
-              f"{config.target_model}, {config.dtype}, T = {config.temperature}, N = {config.draft_len}, "
+              f"{config.target_model}, {config.dtype}, T = {config.temperature}, N = {config.draft_len}"
+              f"{f' (cut-off {config.draft_confidence})' if config.draft_confidence else ''}"
+              f"{', int8 draft' if config.draft_int8 else ''}, "
               f"{config.max_new_tokens} new tokens, seed {config.seed}")
     write_summary(summaries, out_dir, task.metric, header)
     plot_tradeoffs(summaries, out_dir, task.metric)
@@ -125,7 +130,8 @@ def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConf
         text, metrics = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop), stats.to_dict()
     else:
         (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,
-                                 draft_length=config.draft_len, max_new_tokens=config.max_new_tokens,
+                                 draft_length=DraftLength(config.draft_len, confidence=config.draft_confidence),
+                                 max_new_tokens=config.max_new_tokens,
                                  stop=task.stop, seed=seed, weight_fn=head)
         text, metrics = completion.text, completion.metrics
     metrics.pop("method", None)
@@ -142,7 +148,7 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
         raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
     saved = json.loads(path.read_text())
     if saved != asdict(config):
-        changed = sorted(k for k in saved if saved[k] != asdict(config).get(k))
+        changed = sorted(k for k in saved.keys() | asdict(config).keys() if saved.get(k) != asdict(config).get(k))
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 
 
