@@ -283,7 +283,7 @@ def main() -> None:
     print(f"Forward costs with {int(context)} tokens in the cache (prefills: the first prompt, {len(prompts[0])} "
           "tokens):\n\n| forward | ms | / target step |\n|---|---|---|")
     for name, seconds in costs.items():
-        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |")
+        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |", flush=True)
     results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "costs": costs,
                "cost_context": int(context), "runs": {}}
     main_drafting = args.main or args.draftings[0]
