@@ -64,11 +64,7 @@ class Spec:
             return "20, cut-off 0.4"
         if self.length is None:
             return "-"
-        cut = f", cut-off {self.length.confidence}" if self.length.confidence else ""
-        cut += f", draft vocab {self.draft_vocab}" if self.draft_vocab else ""
-        if self.length.schedule == "constant":
-            return f"{self.length.initial}{cut}"
-        return f"{self.length.schedule} from {self.length.initial}{cut}"
+        return str(self.length) + (f", draft vocab {self.draft_vocab}" if self.draft_vocab else "")
 
 
 @dataclass
@@ -287,8 +283,8 @@ def main() -> None:
     results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "costs": costs,
                "cost_context": int(context), "runs": {}}
     main_drafting = args.main or args.draftings[0]
-    heads = [None if h == "packaged" else h for h in args.heads]
-    methods = [f"static:{w}" for w in args.weights] + [f"diversed:{h}" if h else "diversed" for h in heads]
+    methods = [f"static:{w}" for w in args.weights]
+    methods += ["diversed" if h == "packaged" else f"diversed:{h}" for h in args.heads]
     specs = [Spec("auto", None)] + [Spec("exact", d) for d in args.draftings]
     specs += [Spec(m, main_drafting) for m in methods]
     if args.draft_vocab:

@@ -35,6 +35,11 @@ class DraftLength:
         if not 0.0 <= self.confidence < 1.0:
             raise ValueError(f"draft confidence threshold must be in [0, 1), got {self.confidence}")
 
+    def __str__(self) -> str:
+        """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
+        length = str(self.initial) if self.schedule == "constant" else f"{self.schedule} from {self.initial}"
+        return length + (f", cut-off {self.confidence}" if self.confidence else "")
+
     @property
     def longest(self) -> int:
         """The longest round this schedule can draft."""

@@ -46,6 +46,10 @@ class EvalConfig:
     dtype: str = ""
     draft_int8: bool = False  # asked for; it applies to float32 CPU drafts
 
+    @property
+    def drafting(self) -> DraftLength:
+        return DraftLength(self.draft_len, confidence=self.draft_confidence)
+
 
 def parse_methods(text: str | Sequence[str]) -> list[str]:
     """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order."""
@@ -108,8 +112,7 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     rows = _merge(out_dir, examples, methods)
     summaries = summarize_results(rows, methods)
     header = (f"{config.task} ({config.split}, {len(examples)} examples), {config.draft_model} -> "
-              f"{config.target_model}, {config.dtype}, T = {config.temperature}, N = {config.draft_len}"
-              f"{f' (cut-off {config.draft_confidence})' if config.draft_confidence else ''}"
+              f"{config.target_model}, {config.dtype}, T = {config.temperature}, drafts {config.drafting}"
               f"{', int8 draft' if config.draft_int8 else ''}, "
               f"{config.max_new_tokens} new tokens, seed {config.seed}")
     write_summary(summaries, out_dir, task.metric, header)
@@ -130,9 +133,8 @@ def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConf
         text, metrics = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop), stats.to_dict()
     else:
         (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,
-                                 draft_length=DraftLength(config.draft_len, confidence=config.draft_confidence),
-                                 max_new_tokens=config.max_new_tokens,
-                                 stop=task.stop, seed=seed, weight_fn=head)
+                                 draft_length=config.drafting, max_new_tokens=config.max_new_tokens, stop=task.stop,
+                                 seed=seed, weight_fn=head)
         text, metrics = completion.text, completion.metrics
     metrics.pop("method", None)
     return {"example": example.id, "index": index, "method": label, "reward": task.reward(example, text),
