@@ -6,8 +6,8 @@ tokens; medians, the calls taking turns), then one row per configuration: accept
 speedup over "auto", the speedup that the speed model (diversed.theory, Leviathan et al. with the measured
 verify cost) predicts from the measured costs and per-position acceptance, and the share of our rounds
 spent outside the two models' forwards (the engine's phase profile). Rows named hf-* are transformers'
-generate(assistant_model=...). Configurations take turns prompt chunk by prompt chunk, so that a slow
-spell of a shared machine spreads over all of them.
+generate(assistant_model=...). Batch-1 configurations take turns prompt by prompt (the order reversing
+every prompt), so that a slow spell of a shared machine spreads over all of them.
 
     .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
         --batch 8 --peers hf-default hf-exact
@@ -138,25 +138,34 @@ def _seconds(fn) -> float:
 
 def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
         max_new_tokens: int, seed: int) -> list[Row]:
-    """Every spec on every prompt, interleaved: the prompts go in chunks of the largest batch, and each
-    chunk runs under every spec in turn, so slow spells of a shared machine spread over all specs.
+    """Every spec on every prompt, interleaved so that slow spells of a shared machine spread over all specs:
+    batch-1 specs take turns prompt by prompt, in an order that reverses every prompt (a steady drift then
+    cancels out); batched specs run each chunk of prompts (the largest batch) after the batch-1 turns on it.
     pairs: the pair for each draft vocabulary size (None: the full draft)."""
     rows = [Row(spec) for spec in specs]
+    singles, batched = [r for r in rows if r.spec.batch == 1], [r for r in rows if r.spec.batch > 1]
     chunk = max(spec.batch for spec in specs)
     for start in range(0, len(prompts), chunk):
-        for row in rows:
-            pair = pairs[row.spec.draft_vocab]
-            for offset in range(0, min(chunk, len(prompts) - start), row.spec.batch):
-                first = start + offset
-                batch = prompts[first:first + row.spec.batch]
-                if row.spec.peer:
-                    _run_peer(pair, row, batch[0], sampling, max_new_tokens, seed + first)
-                else:
-                    _run_ours(pair, row, batch, sampling, max_new_tokens, seed + first)
-        done = min(start + chunk, len(prompts))
-        print(f"  {done}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
-                                                               f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
+        end = min(start + chunk, len(prompts))
+        for first in range(start, end):
+            for row in singles if first % 2 == 0 else singles[::-1]:
+                _run(pairs, row, prompts, first, sampling, max_new_tokens, seed)
+        for row in batched:
+            for first in range(start, end, row.spec.batch):
+                _run(pairs, row, prompts, first, sampling, max_new_tokens, seed)
+        print(f"  {end}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
+                                                             f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
     return rows
+
+
+def _run(pairs: dict[int | None, Pair], row: Row, prompts: list[list[int]], first: int, sampling: Sampling,
+         max_new_tokens: int, seed: int) -> None:
+    """Run one spec on prompts[first:first + batch]; the seed of a batch is the seed plus its first prompt."""
+    pair, batch = pairs[row.spec.draft_vocab], prompts[first:first + row.spec.batch]
+    if row.spec.peer:
+        _run_peer(pair, row, batch[0], sampling, max_new_tokens, seed + first)
+    else:
+        _run_ours(pair, row, batch, sampling, max_new_tokens, seed + first)
 
 
 def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling, max_new_tokens: int,
