@@ -2,7 +2,7 @@
 assisted generation, in one run on one machine.
 
 Prints, per temperature: the per-forward costs (draft step, target step, target verify pass of N+1
-tokens; medians, the calls taking turns), then one row per configuration: acceptance rate, tau, tokens/s,
+tokens; medians of timings taken between the chunks of prompts of the run itself), then one row per configuration: acceptance rate, tau, tokens/s,
 speedup over "auto", the speedup that the speed model (diversed.theory, Leviathan et al. with the measured
 verify cost) predicts from the measured costs and per-position acceptance, and the share of our rounds
 spent outside the two models' forwards (the engine's phase profile). Rows named hf-* are transformers'
@@ -24,6 +24,7 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -92,11 +93,11 @@ class Row:
 
 @torch.inference_mode()
 def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats: int, context: int
-                  ) -> dict[str, float]:
-    """Median seconds of one draft step, one target step and one target pass over N+1 tokens, each with
-    `context` tokens in the cache (the prompt, extended by repeating it: where decoding runs on average; the
-    cache is rolled back after every timed call), and of each model's prefill of the prompt alone. The calls
-    take turns, repeat after repeat, so that a slow spell of the machine hits all of them alike."""
+                  ) -> dict[str, list[float]]:
+    """Timings (seconds, `repeats` each) of one draft step, one target step and one target pass over N+1
+    tokens, each with `context` tokens in the cache (the prompt, extended by repeating it: where decoding
+    runs on average; the cache is rolled back after every timed call), and of each model's prefill of the
+    prompt alone. The calls take turns, so that a slow spell of the machine hits all of them alike."""
     cached = (prompt * (context // len(prompt) + 1))[:max(context, len(prompt))]
     states = {"draft": _prefilled(pair.draft, cached), "target": _prefilled(pair.target, cached)}
 
@@ -107,20 +108,19 @@ def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats:
 
     calls = {"draft_step": step("draft", 1), "target_step": step("target", 1)}
     calls |= {f"verify_{n + 1}": step("target", n + 1) for n in draft_lens}
-    costs = _interleaved_medians(calls, repeats)
     prefills = {f"{role}_prefill": (lambda m=model: _prefilled(m, prompt))
                 for role, model in (("draft", pair.draft), ("target", pair.target))}
-    return costs | _interleaved_medians(prefills, 3)
+    return _interleaved_timings(calls, repeats) | _interleaved_timings(prefills, 1)
 
 
-def _interleaved_medians(calls: dict, repeats: int) -> dict[str, float]:
+def _interleaved_timings(calls: dict, repeats: int) -> dict[str, list[float]]:
     for fn in calls.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, fn in calls.items():
             times[name].append(_seconds(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def _prefilled(model, prompt: list[int]) -> ModelState:
@@ -137,12 +137,16 @@ def _seconds(fn) -> float:
 
 
 def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
-        max_new_tokens: int, seed: int) -> list[Row]:
+        max_new_tokens: int, seed: int, time_forwards: Callable[[], dict[str, list[float]]]
+        ) -> tuple[list[Row], dict[str, float]]:
     """Every spec on every prompt, interleaved so that slow spells of a shared machine spread over all specs:
     batch-1 specs take turns prompt by prompt, in an order that reverses every prompt (a steady drift then
     cancels out); batched specs run each chunk of prompts (the largest batch) after the batch-1 turns on it.
-    pairs: the pair for each draft vocabulary size (None: the full draft)."""
+    After each chunk, time_forwards() times the forwards once more: the costs (medians of all its timings)
+    then come from the same spells of the machine as the runs.
+    pairs: the pair for each draft vocabulary size (None: the full draft). Returns the rows and the costs."""
     rows = [Row(spec) for spec in specs]
+    timings: dict[str, list[float]] = {}
     singles, batched = [r for r in rows if r.spec.batch == 1], [r for r in rows if r.spec.batch > 1]
     chunk = max(spec.batch for spec in specs)
     for start in range(0, len(prompts), chunk):
@@ -153,9 +157,11 @@ def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int
         for row in batched:
             for first in range(start, end, row.spec.batch):
                 _run(pairs, row, prompts, first, sampling, max_new_tokens, seed)
+        for name, seconds in time_forwards().items():
+            timings.setdefault(name, []).extend(seconds)
         print(f"  {end}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
                                                              f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
-    return rows
+    return rows, {name: statistics.median(seconds) for name, seconds in timings.items()}
 
 
 def _run(pairs: dict[int | None, Pair], row: Row, prompts: list[list[int]], first: int, sampling: Sampling,
@@ -282,15 +288,16 @@ def main() -> None:
     print(f"# {pair.draft_name} -> {pair.target_name}, {args.dtype} target, {draft_kind}, {len(prompts)} HumanEval "
           f"test prompts, {args.max_new_tokens} new tokens, {machine}\n")
     # Costs where decoding runs on average: after the prompt and half the new tokens.
-    context = statistics.mean(map(len, prompts)) + args.max_new_tokens // 2
+    context = int(statistics.mean(map(len, prompts)) + args.max_new_tokens // 2)
     timed = sorted({d.initial for d in args.draftings if d.schedule == "constant" and not d.confidence})
-    costs = forward_costs(pair, prompts[0], timed, repeats=10, context=int(context))
-    print(f"Forward costs with {int(context)} tokens in the cache (prefills: the first prompt, {len(prompts[0])} "
-          "tokens):\n\n| forward | ms | / target step |\n|---|---|---|")
-    for name, seconds in costs.items():
-        print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |", flush=True)
-    results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "costs": costs,
-               "cost_context": int(context), "runs": {}}
+    chunks = -(-len(prompts) // args.batch)
+    repeats = max(2, -(-10 // chunks))  # at least 10 timings of each step in all
+
+    def time_forwards() -> dict[str, list[float]]:
+        return forward_costs(pair, prompts[0], timed, repeats=repeats, context=context)
+
+    results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "cost_context": context,
+               "costs": {}, "runs": {}}
     main_drafting = args.main or args.draftings[0]
     methods = [f"static:{w}" for w in args.weights]
     methods += ["diversed" if h == "packaged" else f"diversed:{h}" for h in args.heads]
@@ -307,8 +314,14 @@ def main() -> None:
               for p in (parse_methods(peers) if peers else [])]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
-        rows = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed)
+        rows, costs = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed, time_forwards)
+        print(f"\nForward costs with {context} tokens in the cache (medians of the timings taken between the "
+              f"chunks of prompts; prefills: the first prompt, {len(prompts[0])} tokens):\n\n"
+              "| forward | ms | / target step |\n|---|---|---|")
+        for name, seconds in costs.items():
+            print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |")
         print("\n" + table(rows, costs, len(prompts)), flush=True)
+        results["costs"][str(temperature)] = costs
         results["runs"][str(temperature)] = [
             {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch,
              "draft_vocab": r.spec.draft_vocab, "wall_time": r.wall_time,

@@ -69,6 +69,9 @@ def test_acceptance_reward_alone_moves_w_down(pair, tmp_path):
     train_head(pair, ToyTask(lambda text: 1.0), config(lam=1.0, epochs=2), tmp_path, progress=False)
     first, last = mean_w(tmp_path / LOG_FILE)
     assert first == pytest.approx(0.5, abs=1e-6) and last < 0.35
+    rows = [json.loads(line) for line in (tmp_path / LOG_FILE).read_text().splitlines()]
+    # The fresh head gives every token the same w; the trained one tells the tokens apart.
+    assert rows[0]["w_std"] == pytest.approx(0.0, abs=1e-6) and rows[-1]["w_std"] > 0.01
 
 
 @pytest.mark.parametrize("prefer_draft", [True, False])

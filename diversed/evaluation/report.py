@@ -172,7 +172,7 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
 
 def plot_training(log: Path, out: Path) -> Path:
     """The curves of a head's training run (its log.jsonl): reward, measured acceptance rate and the
-    acceptance proxy A, and mean w, against the step, in one PNG."""
+    acceptance proxy A, and mean w (with its spread over tokens where logged), against the step, in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +189,14 @@ def plot_training(log: Path, out: Path) -> Path:
     axes[1].plot(x, [s["acceptance"] for s in steps], "s--", label="acceptance proxy A")
     axes[1].legend(fontsize=8)
     axes[1].set_title("acceptance")
-    axes[2].plot(x, [s["mean_w"] for s in steps], "o-", color="tab:red")
+    mean_w = [s["mean_w"] for s in steps]
+    axes[2].plot(x, mean_w, "o-", color="tab:red")
+    if all("w_std" in s for s in steps):  # logs written before w_std was recorded have the mean only
+        w_std = [s["w_std"] for s in steps]
+        axes[2].fill_between(x, [m - d for m, d in zip(mean_w, w_std, strict=True)],
+                             [m + d for m, d in zip(mean_w, w_std, strict=True)], color="tab:red", alpha=0.2,
+                             label="± std over tokens")
+        axes[2].legend(fontsize=8)
     axes[2].set_ylim(0, 1)
     axes[2].set_title("mean w (weight on the target)")
     for ax in axes:

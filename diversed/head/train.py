@@ -97,7 +97,8 @@ class TrainConfig:
 def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path, *, resume: bool = False,
                progress: bool = True) -> EnsembleHead:
     """Train a head for the pair on the task's training split; write checkpoints, a JSONL log (one line per
-    step: reward, acceptance proxy A, measured acceptance rate, mean w, loss) and the final head to out_dir.
+    step: reward, acceptance proxy A, measured acceptance rate, mean w and its spread over tokens, loss) and
+    the final head to out_dir.
 
     With resume=True, continue from the last checkpoint in out_dir (the same config is required)."""
     out_dir = Path(out_dir)
@@ -167,8 +168,11 @@ def _step(pair: Pair, head: EnsembleHead, optimizer: torch.optim.Optimizer, prom
     grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
     optimizer.step()
     summary = rollout.summary()
+    # The spread of w over tokens tells a head that tells tokens apart from a static weight in disguise.
+    w_tokens = w.detach()[mask]
     return {"loss": loss.item(), "reward": rewards.mean().item(), "acceptance": acceptance.mean().item(),
-            "acceptance_rate": summary["acceptance_rate"], "mean_w": (w * mask).sum().item() / mask.sum().item(),
+            "acceptance_rate": summary["acceptance_rate"], "mean_w": w_tokens.mean().item(),
+            "w_std": w_tokens.std().item() if w_tokens.numel() > 1 else 0.0,
             "grad_norm": grad_norm.item(), "new_tokens": summary["new_tokens"]}
 
 
