@@ -2,12 +2,13 @@
 assisted generation, in one run on one machine.
 
 Prints, per temperature: the per-forward costs (draft step, target step, target verify pass of N+1
-tokens; medians of timings taken between the chunks of prompts of the run itself), then one row per configuration: acceptance rate, tau, tokens/s,
-speedup over "auto", the speedup that the speed model (diversed.theory, Leviathan et al. with the measured
-verify cost) predicts from the measured costs and per-position acceptance, and the share of our rounds
-spent outside the two models' forwards (the engine's phase profile). Rows named hf-* are transformers'
-generate(assistant_model=...). Batch-1 configurations take turns prompt by prompt (the order reversing
-every prompt), so that a slow spell of a shared machine spreads over all of them.
+tokens; medians of timings taken between the chunks of prompts of the run itself), then one row per
+configuration: acceptance rate, tau, tokens/s, speedup over "auto", the speedup that the speed model
+(diversed.theory, Leviathan et al. with the measured verify cost) predicts from the measured costs and
+per-position acceptance, and the share of our rounds spent outside the two models' forwards (the engine's
+phase profile). Rows named hf-* are transformers' generate(assistant_model=...). Batch-1 configurations
+take turns prompt by prompt (the order reversing every prompt), so that a slow spell of a shared machine
+spreads over all of them.
 
     .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
         --batch 8 --peers hf-default hf-exact
