@@ -41,7 +41,7 @@ from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_methods
 from diversed.generation import encode_prompt, load_head
 from diversed.models.default_pair import prepare_default_pair
-from diversed.models.loading import Pair, load_model, load_pair
+from diversed.models.loading import DTYPES, Pair, load_model, load_pair
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.theory import expected_tokens_per_round
 
@@ -248,7 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draft")
     parser.add_argument("--target")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float16", choices=tuple(DTYPES))
     parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
                         help="the draft in dynamic int8, as `diversed generate` runs it (default: on)")
     parser.add_argument("--prompts", type=int, default=10, help="held-out HumanEval prompts")

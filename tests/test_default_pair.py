@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diversed.cli import main
@@ -164,7 +164,10 @@ def default_pair():
 
 @pytest.mark.slow
 def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
-    assert isinstance(default_pair.draft.lm_head, DynamicInt8Linear)  # the default draft: dynamic int8
+    assert isinstance(default_pair.draft.lm_head, DynamicLinear)  # the defaults: dynamic int8 and float16
+    assert default_pair.draft.lm_head._packed_params.dtype == torch.qint8
+    assert isinstance(default_pair.target.lm_head, DynamicLinear)
+    assert default_pair.target.lm_head._packed_params.dtype == torch.float16
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
     auto = generate(default_pair, prompts, method="auto", temperature=0, max_new_tokens=10)
     exact = generate(default_pair, prompts, method="exact", temperature=0, max_new_tokens=10, draft_length=3,

@@ -11,11 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from diversed.models.default_pair import cache_dir, prepare_default_pair
 from diversed.models.gguf import convert_gguf
-from diversed.models.int8 import quantize_linears_int8
 from diversed.models.onednn import use_onednn_linears
+from diversed.models.quantize import quantize_linears
 from diversed.models.vocab import restrict_draft_vocab
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# "float16" on a CPU: float16 weights in the linear layers, float32 arithmetic (diversed.models.quantize;
+# CPUs have no fast float16 arithmetic); elsewhere a float16 model.
+DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -37,15 +39,18 @@ class Pair:
         return sorted(i for i in ids if i is not None)
 
 
-def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float32",
+def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float16",
               device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
               draft_int8: bool = True) -> Pair:
     """Load a draft and a target: hub ids, local folders or .gguf files; the built-in default pair
-    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named. onednn: run the linear layers of
-    float32 CPU models with oneDNN (diversed.models.onednn), about 1.5-2x faster here. draft_vocab: let
+    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named. dtype: "float16" (default; on a
+    CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
+    distributions), "float32" (the reference) or "bfloat16". onednn: run the linear layers of float32 CPU
+    models with oneDNN (diversed.models.onednn), about 1.5-2x faster here than nn.Linear. draft_vocab: let
     the draft score only its most frequent tokens (diversed.models.vocab): a cheaper draft, still lossless.
-    draft_int8: run a float32 CPU draft's linear layers in dynamic int8 (diversed.models.int8): a draft step
-    about 2x cheaper here, at some acceptance; lossless verification still writes what the target would.
+    draft_int8: run a CPU draft's linear layers in dynamic int8 (diversed.models.quantize): a draft step
+    about 1.4x cheaper than float16 weights here, at some acceptance; lossless verification still writes
+    what the target would.
 
     Raises ValueError if only one is named or if their tokenizers differ.
     """
@@ -63,12 +68,12 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     return Pair(draft_model, target_model, target_tokenizer, _name(draft), _name(target))
 
 
-def load_model(name: str, *, dtype: str = "float32", device: str = "cpu", onednn: bool = True,
+def load_model(name: str, *, dtype: str = "float16", device: str = "cpu", onednn: bool = True,
                vocab: int | None = None, int8: bool = False) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and frozen eval-mode model from a hub id, a local folder or a .gguf file (converted once
     into the cache, since dequantizing a GGUF takes tens of seconds and a converted copy loads in seconds).
     vocab: score only the `vocab` most frequent tokens (diversed.models.vocab; for drafts).
-    int8: dynamic-int8 linear layers for a float32 CPU model (diversed.models.int8; for drafts)."""
+    int8: dynamic-int8 linear layers for a float32 or float16 CPU model (diversed.models.quantize; for drafts)."""
     if name.endswith(".gguf"):
         path = Path(name)
         if not path.is_file():
@@ -79,12 +84,16 @@ def load_model(name: str, *, dtype: str = "float32", device: str = "cpu", onednn
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         name = str(convert_gguf(path, cache_dir() / "gguf" / f"{path.stem}-{digest}"))
     tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=DTYPES[dtype]).to(device).eval()
+    cpu_float16 = dtype == "float16" and torch.device(device).type == "cpu"
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if cpu_float16 else DTYPES[dtype])
+    model = model.to(device).eval()
     model.requires_grad_(False)
     if vocab is not None:
         restrict_draft_vocab(model, tokenizer, vocab)
     if int8:
-        quantize_linears_int8(model)
+        quantize_linears(model, "int8")
+    elif cpu_float16:
+        quantize_linears(model, "float16")
     if onednn and dtype == "float32" and device == "cpu":
         use_onednn_linears(model)
     return tokenizer, model
