@@ -291,7 +291,7 @@ def main() -> None:
     # Costs where decoding runs on average: after the prompt and half the new tokens.
     context = int(statistics.mean(map(len, prompts)) + args.max_new_tokens // 2)
     timed = sorted({d.initial for d in args.draftings if d.schedule == "constant" and not d.confidence})
-    chunks = -(-len(prompts) // args.batch)
+    chunks = -(-len(prompts) // max(args.batch, 1))  # as run() chunks them; --batch 0 or 1: no batched rows
     repeats = max(2, -(-10 // chunks))  # at least 10 timings of each step in all
 
     def time_forwards() -> dict[str, list[float]]:

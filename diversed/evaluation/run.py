@@ -44,7 +44,7 @@ class EvalConfig:
     draft_model: str = ""
     target_model: str = ""
     dtype: str = ""
-    draft_int8: bool = False  # asked for; it applies to float32 CPU drafts
+    draft_int8: bool = False  # asked for; it applies to float32 and float16 CPU drafts
 
     @property
     def drafting(self) -> DraftLength:
