@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -138,18 +139,19 @@ def _seconds(fn) -> float:
 
 
 def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
-        max_new_tokens: int, seed: int, time_forwards: Callable[[], dict[str, list[float]]]
+        max_new_tokens: int, seed: int, time_forwards: Callable[[int], dict[str, list[float]]]
         ) -> tuple[list[Row], dict[str, float]]:
     """Every spec on every prompt, interleaved so that slow spells of a shared machine spread over all specs:
     batch-1 specs take turns prompt by prompt, in an order that reverses every prompt (a steady drift then
     cancels out); batched specs run each chunk of prompts (the largest batch) after the batch-1 turns on it.
-    After each chunk, time_forwards() times the forwards once more: the costs (medians of all its timings)
-    then come from the same spells of the machine as the runs.
+    After each chunk, time_forwards(repeats) times each forward `repeats` times more (at least 10 timings in
+    all): the costs (medians of all its timings) then come from the same spells of the machine as the runs.
     pairs: the pair for each draft vocabulary size (None: the full draft). Returns the rows and the costs."""
     rows = [Row(spec) for spec in specs]
     timings: dict[str, list[float]] = {}
     singles, batched = [r for r in rows if r.spec.batch == 1], [r for r in rows if r.spec.batch > 1]
     chunk = max(spec.batch for spec in specs)
+    repeats = max(2, math.ceil(10 / math.ceil(len(prompts) / chunk)))  # at least 10 timings of each in all
     for start in range(0, len(prompts), chunk):
         end = min(start + chunk, len(prompts))
         for first in range(start, end):
@@ -158,7 +160,7 @@ def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int
         for row in batched:
             for first in range(start, end, row.spec.batch):
                 _run(pairs, row, prompts, first, sampling, max_new_tokens, seed)
-        for name, seconds in time_forwards().items():
+        for name, seconds in time_forwards(repeats).items():
             timings.setdefault(name, []).extend(seconds)
         print(f"  {end}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
                                                              f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
@@ -291,10 +293,8 @@ def main() -> None:
     # Costs where decoding runs on average: after the prompt and half the new tokens.
     context = int(statistics.mean(map(len, prompts)) + args.max_new_tokens // 2)
     timed = sorted({d.initial for d in args.draftings if d.schedule == "constant" and not d.confidence})
-    chunks = -(-len(prompts) // max(args.batch, 1))  # as run() chunks them; --batch 0 or 1: no batched rows
-    repeats = max(2, -(-10 // chunks))  # at least 10 timings of each step in all
 
-    def time_forwards() -> dict[str, list[float]]:
+    def time_forwards(repeats: int) -> dict[str, list[float]]:
         return forward_costs(pair, prompts[0], timed, repeats=repeats, context=context)
 
     results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "cost_context": context,

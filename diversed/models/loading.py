@@ -84,7 +84,8 @@ def load_model(name: str, *, dtype: str = "float16", device: str = "cpu", onednn
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         name = str(convert_gguf(path, cache_dir() / "gguf" / f"{path.stem}-{digest}"))
     tokenizer = AutoTokenizer.from_pretrained(name)
-    cpu_float16 = dtype == "float16" and torch.device(device).type == "cpu"
+    on_cpu = torch.device(device).type == "cpu"
+    cpu_float16 = dtype == "float16" and on_cpu
     model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if cpu_float16 else DTYPES[dtype])
     model = model.to(device).eval()
     model.requires_grad_(False)
@@ -94,7 +95,7 @@ def load_model(name: str, *, dtype: str = "float16", device: str = "cpu", onednn
         quantize_linears(model, "int8")
     elif cpu_float16:
         quantize_linears(model, "float16")
-    if onednn and dtype == "float32" and device == "cpu":
+    if onednn and dtype == "float32" and on_cpu:
         use_onednn_linears(model)
     return tokenizer, model
 
