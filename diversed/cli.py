@@ -9,12 +9,16 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from diversed.backends import BACKENDS
 from diversed.decoding.method import METHODS
 from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES
 from diversed.head.train import TrainConfig
 from diversed.models.loading import DTYPES
+
+TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, humaneval, humaneval-plus (offline), cnn_dailymail, xsum "
+             "(online) or jsonl:PATH")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.set_defaults(run=_generate)
 
     train = commands.add_parser("train", help="train a DIVERSED weight head for the pair on a task")
-    train.add_argument("--task", required=True, help="humaneval, mbpp, gsm8k, cnn_dailymail, xsum or jsonl:PATH")
+    train.add_argument("--task", required=True, help=TASK_HELP)
     train.add_argument("--out", required=True, type=Path, help="folder for checkpoints, log.jsonl and the head")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--lambda", dest="lam", type=float, default=TrainConfig.lam,
@@ -67,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                        ("checkpoint_every", int), ("initial_weight", float), ("seed", int)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
+    _add_sandbox_option(train)
     _add_model_options(train)
     train.set_defaults(run=_train)
 
     ev = commands.add_parser("eval", help="compare methods on a task: table, pictures, resumable, data-parallel")
-    ev.add_argument("--task", required=True, help="humaneval, mbpp, gsm8k, cnn_dailymail, xsum or jsonl:PATH")
+    ev.add_argument("--task", required=True, help=TASK_HELP)
     ev.add_argument("--methods", default="auto,exact,static:0.9,static:0.7,static:0.5",
                     help="comma-separated: auto, exact, static:W, lossy:L, cascade-*:A, typical, diversed:DIR, "
                          "and transformers' assisted generation hf-exact, hf-static:W, hf-default")
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
     ev.add_argument("--seed", type=int, default=0)
+    _add_sandbox_option(ev)
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
 
@@ -100,11 +106,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-unsandboxed", action="store_true",
+                        help="where bubblewrap cannot isolate generated code, run it anyway with only resource "
+                             "limits (otherwise code tasks refuse)")
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="llama.cpp (.gguf files as they are quantized; the default on a CPU for the built-in "
+                             "pair and .gguf files) or transformers (hub ids, folders, .gguf converted)")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16",
-                        help="float16 (default; on a CPU float16 weights with float32 arithmetic), float32, bfloat16")
+                        help="transformers backend: float16 (default; on a CPU float16 weights with float32 "
+                             "arithmetic), float32, bfloat16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--draft-vocab", type=int, metavar="K",
                         help="the draft scores only its K most frequent tokens: a cheaper draft, still lossless")
@@ -150,6 +167,7 @@ def _train(args: argparse.Namespace) -> int:
     from diversed.head.train import LOG_FILE, train_head
     from diversed.tasks import get_task
 
+    _sandbox(args)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     task = get_task(args.task)
@@ -164,19 +182,35 @@ def _eval(args: argparse.Namespace) -> int:
     from diversed.evaluation.run import EvalConfig, evaluate, parse_methods
     from diversed.tasks import get_task
 
+    _sandbox(args)
     methods = parse_methods(args.methods)
     task = get_task(args.task)
-    _init_distributed(args)
-    pair = _load(args)
+    # Built before the models load, so that a bad setting is refused at once; the names come after.
     config = EvalConfig(args.task, temperature=args.temperature, draft_len=args.draft_len,
                         draft_confidence=args.draft_confidence,
-                        max_new_tokens=args.max_new_tokens or task.max_new_tokens, split=args.split, limit=args.limit,
-                        seed=args.seed, draft_model=pair.draft_name, target_model=pair.target_name, dtype=args.dtype,
-                        draft_int8=args.draft_int8)
+                        max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                        split=args.split, limit=args.limit, seed=args.seed, dtype=args.dtype,
+                        draft_int8=args.draft_int8, backend=_backend(args))
+    _init_distributed(args)
+    pair = _load(args)
+    config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)
     summaries = evaluate(pair, task, methods, config, args.out, resume=args.resume)
     if summaries:
         print(markdown_table(summaries, task.metric))
     return 0
+
+
+def _sandbox(args: argparse.Namespace) -> None:
+    if args.allow_unsandboxed:
+        from diversed.tasks.sandbox import allow_unsandboxed
+
+        allow_unsandboxed()
+
+
+def _backend(args: argparse.Namespace) -> str:
+    from diversed.models.loading import default_backend
+
+    return args.backend or default_backend(args.device, args.draft, args.target)
 
 
 def _init_distributed(args: argparse.Namespace) -> None:
@@ -197,9 +231,9 @@ def _init_distributed(args: argparse.Namespace) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from diversed.models.default_pair import prepare_default_pair
+    from diversed.models.default_pair import default_gguf_pair, prepare_default_pair
 
-    for path in prepare_default_pair():
+    for path in (*default_gguf_pair(), *prepare_default_pair()):
         print(path)
     return 0
 
@@ -235,8 +269,8 @@ def _load(args: argparse.Namespace):
     from diversed.models.loading import load_pair
 
     with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
-        pair = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device, draft_vocab=args.draft_vocab,
-                         draft_int8=args.draft_int8)
+        pair = load_pair(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
+                         draft_vocab=args.draft_vocab, draft_int8=args.draft_int8, threads=args.threads)
         bar.update()
     return pair
 

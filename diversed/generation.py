@@ -85,7 +85,7 @@ def load_head(pair: Pair, directory: str | None = None) -> EnsembleHead:
     """A trained head for this pair, refused if it was trained for other models. None: the head that ships
     for the default pair (PRETRAINED_HEAD)."""
     return EnsembleHead.load(PRETRAINED_HEAD if directory is None else directory,
-                             draft_hidden=pair.draft.config.hidden_size, target_hidden=pair.target.config.hidden_size,
+                             draft_hidden=pair.draft.hidden_size, target_hidden=pair.target.hidden_size,
                              draft_model=pair.draft_name, target_model=pair.target_name).to(pair.target.device)
 
 

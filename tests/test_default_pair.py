@@ -21,6 +21,7 @@ from diversed.models.default_pair import (
     assemble_gguf,
     cache_dir,
     part_paths,
+    default_gguf_pair,
     prepare_default_model,
     prepare_default_pair,
 )
@@ -142,7 +143,8 @@ def test_prepare_default_pair_gives_loadable_folders():
             pytest.skip(f"the default pair is neither converted nor installable here: {error}")
     draft, target = prepare_default_pair(progress=False)
     assert prepare_default_pair(progress=False) == (draft, target)
-    assert not list(cache_dir().glob("*.gguf"))  # the assembled GGUFs were deleted after conversion
+    # The assembled GGUFs stay, for the llama.cpp backend.
+    assert [path.stat().st_size for path in default_gguf_pair(progress=False)] == [s.size for s in specs]
     for folder, hidden in ((draft, 896), (target, 1536)):
         tokenizer = AutoTokenizer.from_pretrained(folder)
         assert tokenizer.convert_tokens_to_ids("<|im_end|>") == 151645 and tokenizer.chat_template
@@ -159,15 +161,16 @@ def default_pair():
                 part_paths(spec)
     except FileNotFoundError as error:
         pytest.skip(f"the default pair is neither converted nor installable here: {error}")
-    return load_pair()
+    return load_pair(backend="transformers")
 
 
 @pytest.mark.slow
 def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
-    assert isinstance(default_pair.draft.lm_head, DynamicLinear)  # the defaults: dynamic int8 and float16
-    assert default_pair.draft.lm_head._packed_params.dtype == torch.qint8
-    assert isinstance(default_pair.target.lm_head, DynamicLinear)
-    assert default_pair.target.lm_head._packed_params.dtype == torch.float16
+    draft, target = default_pair.draft.model, default_pair.target.model
+    assert isinstance(draft.lm_head, DynamicLinear)  # the defaults: dynamic int8 and float16
+    assert draft.lm_head._packed_params.dtype == torch.qint8
+    assert isinstance(target.lm_head, DynamicLinear)
+    assert target.lm_head._packed_params.dtype == torch.float16
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
     auto = generate(default_pair, prompts, method="auto", temperature=0, max_new_tokens=10)
     exact = generate(default_pair, prompts, method="exact", temperature=0, max_new_tokens=10, draft_length=3,
@@ -201,3 +204,42 @@ def test_a_draft_with_a_restricted_vocabulary_stays_exact_on_the_default_pair(de
     auto = generate(default_pair, prompt, method="auto", temperature=0, max_new_tokens=12)
     exact = generate(small, prompt, method="exact", temperature=0, max_new_tokens=12, draft_length=4)
     assert exact[0].tokens == auto[0].tokens and exact[0].metrics["acceptance_rate"] > 0.5
+
+
+@pytest.fixture(scope="module")
+def llama_pair(default_pair):  # after the transformers pair: it assembles the GGUFs if needed
+    return load_pair(backend="llama.cpp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_rule_runs_on_llama_cpp_and_greedy_exact_is_the_target(llama_pair, temperature):
+    prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
+    auto = generate(llama_pair, prompts, method="auto", temperature=0, max_new_tokens=12)
+    for method in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed"):
+        out = generate(llama_pair, prompts, method=method, temperature=temperature, max_new_tokens=12,
+                       draft_length=3, batch_size=2)
+        assert all(c.metrics["new_tokens"] == 12 and 0 <= c.metrics["acceptance_rate"] <= 1 for c in out)
+        if method == "exact" and temperature == 0:
+            assert [c.tokens for c in out] == [c.tokens for c in auto]
+
+
+@pytest.mark.slow
+def test_llama_cpp_hidden_states_are_what_the_head_was_trained_on(llama_pair):
+    """The last hidden state llama.cpp returns is transformers' last_hidden_state (after the final norm) of
+    the float32 model: close in direction (the GGUF's 4-bit blocks are dequantized the same way), and the
+    packaged head gives nearly the same w on both."""
+    from diversed.backends.hf import TransformersModel
+    from diversed.generation import encode_prompt, load_head
+
+    ids = encode_prompt(llama_pair.tokenizer, "Write a Python function that reverses a string.")
+    float32 = [TransformersModel(load_model(str(folder), dtype="float32")[1]) for folder in prepare_default_pair()]
+    hidden = {backend: [model.rows(1).feed([ids], len(ids), hidden=True)[0][0].float() for model in models]
+              for backend, models in (("transformers", float32), ("llama.cpp", (llama_pair.draft, llama_pair.target)))}
+    for ours, theirs in zip(hidden["llama.cpp"], hidden["transformers"], strict=True):
+        cosine = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)
+        # Measured: median 0.9997, lowest 0.98 (the first position, a special token, differs more).
+        assert cosine[1:].median() > 0.999 and cosine[1:].min() > 0.95, cosine
+    head = load_head(llama_pair)
+    with torch.no_grad():  # measured: the largest difference in w past the first position 0.005
+        assert (head(*hidden["llama.cpp"]) - head(*hidden["transformers"]))[1:].abs().max() < 0.02

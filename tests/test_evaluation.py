@@ -5,13 +5,15 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import diversed.evaluation.run as run
 from diversed.evaluation.report import summarize_results
-from diversed.evaluation.run import RESULTS_FILE, evaluate, parse_methods
+from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_methods
+from diversed.tasks import get_task
 
 from eval_worker import CONFIG, METHODS
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
@@ -101,6 +103,83 @@ def test_resume_after_a_kill_gives_the_same_results(complete, pair, task, tmp_pa
     for a, b in zip(resumed, summaries, strict=True):
         assert {k: a[k] for k in ("quality", "acceptance_rate", "tau")} == {
             k: b[k] for k in ("quality", "acceptance_rate", "tau")}
+
+
+def test_a_cut_at_any_byte_of_the_last_two_rows_keeps_whole_rows_and_redoes_the_rest(complete, tmp_path):
+    out, _ = complete
+    data = (out / RESULTS_FILE).read_bytes()
+    full = rows(out)
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]  # each row's end, newline included
+    path = tmp_path / RESULTS_FILE
+    for cut in range(ends[-3], len(data) + 1):
+        path.write_bytes(data[:cut])
+        done = load_done_rows(path, repair=True)
+        whole = sum(end - 1 <= cut for end in ends)  # rows written up to their closing brace
+        assert done == full[:whole], cut
+        assert path.read_bytes() == data[:ends[whole - 1]], cut  # cut short dropped, newline restored
+        # What a resume then appends: the rows not done, one per line.
+        keys = {(r["example"], r["method"]) for r in done}
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in full if (r["example"], r["method"]) not in keys)
+        assert path.read_bytes() == data, cut
+
+
+@pytest.mark.parametrize("back", [1, 100], ids=["whole row without its newline", "row cut short"])
+def test_resume_after_a_cut_inside_the_last_rows(complete, pair, task, tmp_path, back):
+    """End to end, from a real run: the second-to-last row is cut `back` bytes before its end."""
+    out_complete, _ = complete
+    shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
+    data = (tmp_path / RESULTS_FILE).read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1 - back
+    (tmp_path / RESULTS_FILE).write_bytes(data[:cut])
+    evaluate(pair, task, METHODS, CONFIG, tmp_path, resume=True, progress=False)
+    assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
+
+
+SMALL = EvalConfig("small", temperature=0.0, draft_len=3, max_new_tokens=6, limit=1)
+REFUSED = {  # what is wrong: (methods, settings, the error's words)
+    "a method twice": ("exact,exact", {}, "twice"),
+    "a head that is not there": ("diversed:{tmp}/no-head", {}, "no head checkpoint"),
+    "limit 0": ("exact", {"limit": 0}, "limit must be at least 1"),
+    "max_new_tokens 0": ("exact", {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+    "negative temperature": ("exact", {"temperature": -1.0}, "temperature"),
+    "NaN temperature": ("exact", {"temperature": float("nan")}, "temperature"),
+    "infinite temperature": ("exact", {"temperature": float("inf")}, "finite"),
+    "draft length 0": ("exact", {"draft_len": 0}, "draft length"),
+    "draft confidence 1": ("exact", {"draft_confidence": 1.0}, "confidence"),
+    "a split the task does not have": ("exact", {"split": "tset"}, "no examples in split 'tset'"),
+}
+
+
+@pytest.fixture
+def small_task(tmp_path):
+    """A task with a test split only (a JSON Lines file, as a user would give it)."""
+    path = tmp_path / "small.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"t{3 + i} t9 t15", "reference": "3", "split": "test"}) + "\n"
+                            for i in range(2)))
+    return get_task(f"jsonl:{path}")
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_refused_evaluation_writes_nothing_and_the_corrected_one_runs(case, pair, small_task, tmp_path):
+    methods, settings, message = REFUSED[case]
+    out = tmp_path / "eval"
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        evaluate(pair, small_task, methods.format(tmp=tmp_path), replace(SMALL, **settings), out, progress=False)
+    assert not out.exists()
+    evaluate(pair, small_task, ["exact"], SMALL, out, progress=False)
+    assert [(r["example"], r["method"]) for r in rows(out)] == [("1", "exact")]
+
+
+def test_an_out_path_at_or_under_a_file_is_refused(pair, small_task, tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    for out in (taken, taken / "eval"):
+        with pytest.raises(ValueError, match="is a file, not a folder"):
+            evaluate(pair, small_task, ["exact"], SMALL, out, progress=False)
+    assert taken.read_text() == "mine\n"
+    evaluate(pair, small_task, ["exact"], SMALL, tmp_path / "eval", progress=False)
+    assert len(rows(tmp_path / "eval")) == 1
 
 
 def test_resume_refuses_a_different_setting(complete, pair, task):

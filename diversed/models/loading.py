@@ -1,4 +1,4 @@
-"""Loading a draft/target pair that shares one tokenizer."""
+"""Loading a draft/target pair that shares one tokenizer, on a backend (diversed.backends)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from diversed.models.default_pair import cache_dir, prepare_default_pair
+from diversed.backends import BACKENDS, Model, as_model
+from diversed.models.default_pair import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    cache_dir,
+    default_gguf_pair,
+    prepare_default_pair,
+)
 from diversed.models.gguf import convert_gguf
 from diversed.models.onednn import use_onednn_linears
 from diversed.models.quantize import quantize_linears
@@ -22,28 +29,42 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.
 
 @dataclass
 class Pair:
-    """A frozen draft and target model with their shared tokenizer."""
+    """A frozen draft and target model (backend models, diversed.backends; transformers models are wrapped)
+    with their shared tokenizer."""
 
-    draft: PreTrainedModel
-    target: PreTrainedModel
+    draft: Model
+    target: Model
     tokenizer: PreTrainedTokenizerBase
     draft_name: str
     target_name: str
 
+    def __post_init__(self) -> None:
+        self.draft, self.target = as_model(self.draft), as_model(self.target)
+
     @property
     def eos_token_ids(self) -> list[int]:
-        """Every token that ends a sequence: the tokenizer's EOS and the target's generation config's."""
-        ids = {self.tokenizer.eos_token_id}
-        configured = getattr(self.target.generation_config, "eos_token_id", None)
-        ids.update(configured if isinstance(configured, list) else [configured])
+        """Every token that ends a sequence: the tokenizer's EOS and the target's own."""
+        ids = {self.tokenizer.eos_token_id, *self.target.eos_token_ids}
         return sorted(i for i in ids if i is not None)
 
 
-def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "float16",
-              device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
-              draft_int8: bool = True) -> Pair:
-    """Load a draft and a target: hub ids, local folders or .gguf files; the built-in default pair
-    (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named. dtype: "float16" (default; on a
+def default_backend(device: str = "cpu", draft: str | None = None, target: str | None = None) -> str:
+    """llama.cpp on a CPU (2-3x faster there than transformers) for the default pair and .gguf files;
+    transformers for hub ids and folders (which llama.cpp cannot load) and on other devices."""
+    ggufs = all(name is None or str(name).endswith(".gguf") for name in (draft, target))
+    return "llama.cpp" if torch.device(device).type == "cpu" and ggufs else "transformers"
+
+
+def load_pair(draft: str | None = None, target: str | None = None, *, backend: str | None = None,
+              dtype: str = "float16", device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
+              draft_int8: bool = True, threads: int | None = None) -> Pair:
+    """Load a draft and a target on a backend: "llama.cpp" (.gguf files, run as they are quantized) or
+    "transformers" (hub ids, local folders or .gguf files, converted once); None picks default_backend's.
+    The built-in default pair (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
+
+    llama.cpp: threads, for both models (default: the machine's cores). The options below are the
+    transformers backend's, refused on llama.cpp where they would change nothing.
+    transformers: dtype: "float16" (default; on a
     CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
     distributions), "float32" (the reference) or "bfloat16". onednn: run the linear layers of float32 CPU
     models with oneDNN (diversed.models.onednn), about 1.5-2x faster here than nn.Linear. draft_vocab: let
@@ -52,12 +73,17 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     about 1.4x cheaper than float16 weights here, at some acceptance; lossless verification still writes
     what the target would.
 
-    Raises ValueError if only one is named or if their tokenizers differ.
+    Raises ValueError if only one is named, if their tokenizers differ, or for options the backend lacks.
     """
+    backend = default_backend(device, draft, target) if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if (draft is None) != (target is None):
         raise ValueError("name both --draft and --target, or neither for the built-in default pair")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    if backend == "llama.cpp":
+        return _load_llama_cpp_pair(draft, target, device=device, draft_vocab=draft_vocab, threads=threads)
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
@@ -65,7 +91,51 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
                                               int8=draft_int8)
     target_tokenizer, target_model = load_model(target, dtype=dtype, device=device, onednn=onednn)
     check_same_tokenizer(draft_tokenizer, target_tokenizer, draft, target)
-    return Pair(draft_model, target_model, target_tokenizer, _name(draft), _name(target))
+    draft_name, target_name = _name(draft), _name(target)
+    return Pair(as_model(draft_model, draft_name), as_model(target_model, target_name), target_tokenizer,
+                draft_name, target_name)
+
+
+def _load_llama_cpp_pair(draft: str | None, target: str | None, *, device: str, draft_vocab: int | None,
+                         threads: int | None) -> Pair:
+    from diversed.backends.llama_cpp import LlamaCppModel
+
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"the llama.cpp backend runs on the CPU here, not on {device!r}; use --backend transformers")
+    if draft_vocab is not None:
+        raise ValueError("--draft-vocab is a transformers-backend option; the llama.cpp backend runs the GGUF as is")
+    if draft is None:
+        paths = default_gguf_pair()
+        names = (DEFAULT_DRAFT.name, DEFAULT_TARGET.name)
+        # The converted folders hold the same tokenizer and load it in a second; the GGUF takes longer.
+        folders = [cache_dir() / name for name in names]
+        tokenizers = [_tokenizer(f) if f.is_dir() else _gguf_tokenizer(p) for f, p in zip(folders, paths, strict=True)]
+    else:
+        paths = tuple(Path(name) for name in (draft, target))
+        for role, path in zip(("draft", "target"), paths, strict=True):
+            if path.suffix != ".gguf":
+                raise ValueError(f"the llama.cpp backend loads .gguf files; --{role} {str(path)!r} is not one "
+                                 "(use --backend transformers for hub ids and folders)")
+            if not path.is_file():
+                raise FileNotFoundError(f"--{role}: GGUF file not found: {path}")
+        names = tuple(_name(str(p)) for p in paths)
+        tokenizers = [_gguf_tokenizer(p) for p in paths]
+    check_same_tokenizer(*tokenizers, str(paths[0]), str(paths[1]))
+    draft_model = LlamaCppModel(paths[0], name=names[0], threads=threads)
+    target_model = LlamaCppModel(paths[1], name=names[1], threads=threads)
+    return Pair(draft_model, target_model, tokenizers[1], names[0], names[1])
+
+
+def _tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as error:  # a damaged file fails deep in the GGUF reader
+        raise ValueError(f"cannot read the tokenizer of {path} ({type(error).__name__}: {error}); is it a "
+                         "complete GGUF file?") from error
 
 
 def load_model(name: str, *, dtype: str = "float16", device: str = "cpu", onednn: bool = True,
@@ -112,5 +182,9 @@ def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase,
 
 
 def _name(path_or_id: str) -> str:
+    """A model's name for heads and reports: a folder's name, a GGUF file's stem (so that the default pair
+    has the same names on both backends), or the hub id."""
     path = Path(path_or_id)
-    return path.name if path.exists() else path_or_id
+    if not path.exists():
+        return path_or_id
+    return path.stem if path.suffix == ".gguf" else path.name

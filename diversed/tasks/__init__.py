@@ -3,17 +3,21 @@ file, see diversed.tasks.jsonl)."""
 
 from __future__ import annotations
 
-from diversed.tasks.hub import CNN_DAILYMAIL, GSM8K, MBPP, XSUM
+from diversed.tasks.gsm8k import GSM8K, GSM8K_PLAIN
+from diversed.tasks.hub import CNN_DAILYMAIL, XSUM
 from diversed.tasks.humaneval import HUMANEVAL
+from diversed.tasks.humanevalplus import HUMANEVAL_PLUS
 from diversed.tasks.jsonl import jsonl_task
+from diversed.tasks.mbpp import MBPP, MBPP_SANITIZED
 from diversed.tasks.task import Example, Task
 
-TASKS = {task.name: task for task in (HUMANEVAL, MBPP, GSM8K, CNN_DAILYMAIL, XSUM)}
+TASKS = {task.name: task for task in (HUMANEVAL, HUMANEVAL_PLUS, MBPP, MBPP_SANITIZED, GSM8K, GSM8K_PLAIN,
+                                      CNN_DAILYMAIL, XSUM)}
 
 
 def get_task(name: str) -> Task:
-    """The task called name: one of TASKS (humaneval works offline; the others read the Hugging Face hub),
-    or "jsonl:PATH"."""
+    """The task called name: one of TASKS (all offline, their data in the package, but cnn_dailymail and xsum,
+    which read the Hugging Face hub), or "jsonl:PATH"."""
     if name.startswith("jsonl:"):
         return jsonl_task(name.removeprefix("jsonl:"))
     if name not in TASKS:

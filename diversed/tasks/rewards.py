@@ -11,8 +11,16 @@ from diversed.tasks.sandbox import run_code
 
 # A fenced block: its language tag and body, to the closing fence or the end (generation cut off).
 _FENCED_BLOCK = re.compile(r"^[ \t]*```[ \t]*(\w*)[^\n]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
-# Thousands groups only in well-formed "1,234,567", so that "1,2,3" reads as three numbers.
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# A number: thousands groups only in well-formed "1,234,567" (so "1,2,3" reads as three numbers), an optional "$"
+# and minus sign ("-" or U+2212), but no minus after a digit or letter ("5-3" is 5 and 3) and no number glued to
+# a letter or a dot ("x2", ".5").
+_NUMBER_PATTERN = r"(?<![A-Za-z0-9_.])[-\u2212]?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_NUMBER = re.compile(_NUMBER_PATTERN)
+# A stated answer: "####" (GSM8K's own format), "(the final) answer is" or LaTeX's \boxed{, then the number
+# within a few non-alphanumeric characters (": $", " **"), so "This answer is right because 3 + 4" states none.
+_STATED_ANSWER = re.compile(rf"(?:####|answer is|\\boxed\{{)[^A-Za-z0-9]{{0,12}}?({_NUMBER_PATTERN})",
+                            re.IGNORECASE)
+_PLAIN_NUMBER = str.maketrans({",": None, "$": None, "\u2212": "-"})
 _LAST_DEF = re.compile(r"^def\s+(\w+)\s*\(", re.MULTILINE)
 
 
@@ -48,22 +56,20 @@ def extract_code(completion: str, prompt: str | None = None, entry_point: str | 
 
 
 def final_number(text: str) -> Decimal | None:
-    """The answer number of a text: the first number after the last "####" if there is one, else the last
-    number; commas and "$" dropped. None when there is none."""
-    _, marker, tail = text.rpartition("####")  # no marker: tail is the whole text
-    numbers = _NUMBER.findall(tail)
-    if not numbers:
-        return None
-    return Decimal((numbers[0] if marker else numbers[-1]).replace(",", ""))
+    """The answer number of a text: the number of its last stated answer ("#### 72", "The answer is $1,234.",
+    "\\boxed{72}"), else its last number; None when there is none. "$" and commas are dropped."""
+    stated = _STATED_ANSWER.findall(text)
+    numbers = stated or _NUMBER.findall(text)
+    return Decimal(numbers[-1].translate(_PLAIN_NUMBER)) if numbers else None
 
 
 def is_number(text: str) -> bool:
     """Whether a text (its part after "####" if there is one) is a single number: "72", "$1,234.5"."""
-    return _NUMBER.fullmatch(text.rpartition("####")[2].strip().removeprefix("$")) is not None
+    return _NUMBER.fullmatch(text.rpartition("####")[2].strip()) is not None
 
 
 def math_reward(completion: str, reference: str) -> float:
-    """GSM8K: 1.0 when the completion's final number equals the reference's (72 == 72.0 == 72.00)."""
+    """GSM8K: 1.0 when the completion's final number equals the reference's, as numbers (72 == 72.0 == $72)."""
     answer, expected = final_number(completion), final_number(reference)
     return float(answer is not None and answer == expected)
 

@@ -1,0 +1,98 @@
+"""The transformers backend: any Hugging Face causal LM, on any device, in one batched KV cache.
+
+Rows in a batch advance by different amounts. Rather than re-pack the cache, every call appends the same
+number of slots to every row and marks the ones that hold no real token (left padding of a short row's
+new tokens, rejected drafts a neighbour's longer run kept in the cache) as holes. Holes are masked out of
+attention and skipped by the position ids, so each row sees exactly its own tokens at 0, 1, 2, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+
+class TransformersModel:
+    """A frozen transformers causal LM behind the backend interface (diversed.backends.base.Model)."""
+
+    def __init__(self, model: PreTrainedModel, name: str = "") -> None:
+        unsupported = _unsupported_feature(model.config)
+        if unsupported:
+            raise ValueError(f"{name or type(model).__name__} uses {unsupported}, which the decoding loop "
+                             "does not support")
+        self.model = model
+        self.name = name or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+        self.vocab_size = model.get_output_embeddings().out_features
+        self.hidden_size = model.config.hidden_size
+        self.context_length = getattr(model.config, "max_position_embeddings", None)
+        configured = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+        self.eos_token_ids = tuple(configured if isinstance(configured, list) else
+                                   [] if configured is None else [configured])
+        self.device = model.device
+
+    def rows(self, count: int) -> TransformersRows:
+        return TransformersRows(self.model, torch.zeros(count, 0, dtype=torch.bool, device=self.device))
+
+
+class TransformersRows:
+    """A batch's DynamicCache; `valid` [B, L] marks the cache slots that hold real tokens."""
+
+    def __init__(self, model: PreTrainedModel, valid: Tensor) -> None:
+        self.model, self.valid, self.cache = model, valid, DynamicCache()
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.valid.sum(-1).tolist()
+
+    def feed(self, tokens: Sequence[Sequence[int]], outputs: int, hidden: bool = False
+             ) -> tuple[Tensor | None, Tensor]:
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros(len(tokens), width, dtype=torch.long)
+        valid = torch.zeros(len(tokens), width, dtype=torch.bool)
+        for row, new in enumerate(tokens):  # left-padded with holes, so every row's outputs line up at the end
+            ids[row, width - len(new):] = torch.as_tensor(new, dtype=torch.long)
+            valid[row, width - len(new):] = True
+        ids, valid = ids.to(self.valid.device), valid.to(self.valid.device)
+        position_ids = (self.valid.sum(-1, keepdim=True) + valid.long().cumsum(-1) - 1).clamp_min(0)
+        self.valid = torch.cat([self.valid, valid], dim=-1)
+        out = self.model.base_model(input_ids=ids, attention_mask=self.valid.long(), position_ids=position_ids,
+                                    cache=self.cache, use_cache=True)
+        last = out.last_hidden_state[:, width - outputs:]
+        # Only the requested slots are projected onto the vocabulary: most of a small model's step.
+        return last, self.model.get_output_embeddings()(last).float()
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        keep = torch.as_tensor(list(lengths), device=self.valid.device).unsqueeze(-1)
+        self.valid &= self.valid.long().cumsum(-1) <= keep
+        used = self.valid.any(0)
+        cut = self.valid.shape[1] - (int(used.nonzero().max()) + 1 if used.any() else 0)
+        if cut:  # trailing slots no row holds are cropped off the cache; the others stay as holes
+            self.cache.crop(-cut)
+            self.valid = self.valid[:, :-cut]
+
+    def select(self, rows: Sequence[int]) -> None:
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.valid.device)
+        self.cache.batch_select_indices(index)
+        self.valid = self.valid[index]
+
+    def extend(self, count: int) -> None:
+        # New rows hold holes in every existing slot: zero keys and values that the mask hides.
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(count, *layer.keys.shape[1:])])
+                layer.values = torch.cat([layer.values, layer.values.new_zeros(count, *layer.values.shape[1:])])
+        self.valid = torch.cat([self.valid, self.valid.new_zeros(count, self.valid.shape[1])])
+
+
+def _unsupported_feature(config) -> str | None:
+    """Features that the backend's own LM-head call or its cache holes would get silently wrong."""
+    if getattr(config, "final_logit_softcapping", None):
+        return "logit soft-capping"
+    if getattr(config, "logit_scale", None) not in (None, 1, 1.0) or getattr(config, "logits_scaling", 1.0) != 1.0:
+        return "logit scaling"
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention"
+    return None

@@ -1,0 +1,200 @@
+"""The llama.cpp backend: GGUF models on the CPU through llama-cpp-python's low-level API.
+
+One llama.cpp context per model; the rows of a batch are sequence ids of that context, each with its own
+positions and its own KV stream. A feed is one `llama_decode` over every row's new tokens, asking for
+logits only at the positions the loop reads (the batch's `logits` flags), never the whole prompt. When the
+DIVERSED head needs hidden states, embeddings are turned on for that decode (pooling none): llama.cpp then
+returns the last hidden state after the final norm, the quantity the head was trained on with transformers,
+alongside the logits of the same positions. Rollback is `llama_memory_seq_rm` from the kept length on.
+
+The high-level `llama_cpp.Llama` class is not used: it keeps per-position scores only with logits_all=True,
+which projects every prompt token onto the vocabulary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp as llama
+import numpy as np
+import torch
+from torch import Tensor
+
+# Positions each row may hold unless asked otherwise: a long prompt and 512 new tokens fit with room.
+DEFAULT_CONTEXT = 4096
+
+
+# llama.cpp logs every load to stderr. We keep its last lines instead, to explain our own errors.
+_LOG: deque[str] = deque(maxlen=12)
+
+
+def _keep_log(level: int, text: bytes, data: ctypes.c_void_p) -> None:
+    _LOG.append(text.decode(errors="replace"))
+
+
+def _last_log() -> str:
+    """What llama.cpp said last, on one line."""
+    return " ".join("".join(_LOG).split())[-600:]
+
+
+_LOG_CALLBACK = llama.llama_log_callback(_keep_log)  # kept referenced: llama.cpp holds a raw pointer to it
+llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+llama.llama_backend_init()
+
+
+def _free(model, contexts: list) -> None:
+    """Free a model's context and weights (a finalizer: it runs at garbage collection or at exit, while
+    the llama_cpp module is still loaded)."""
+    for context in contexts:
+        if context:
+            llama.llama_free(context)
+    llama.llama_model_free(model)
+
+
+def default_threads() -> int:
+    """The cores this process may use: both models run in turn, each on all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class LlamaCppModel:
+    """A GGUF model behind the backend interface (diversed.backends.base.Model).
+
+    context: positions per row. threads: llama.cpp's threads (default: every core of the process)."""
+
+    def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
+                 threads: int | None = None) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp cannot load {path}: not a complete GGUF model it supports "
+                             f"(llama.cpp: {_last_log()})")
+        vocab = llama.llama_model_get_vocab(self._model)
+        self.path, self.name = path, name or path.stem
+        self.vocab_size = llama.llama_vocab_n_tokens(vocab)
+        self.hidden_size = llama.llama_model_n_embd(self._model)
+        self.context_length = min(context, llama.llama_model_n_ctx_train(self._model))
+        special = (llama.llama_vocab_eos(vocab), llama.llama_vocab_eot(vocab))
+        self.eos_token_ids = tuple(sorted({t for t in special if t >= 0}))
+        self.device = torch.device("cpu")
+        self.threads = threads or default_threads()
+        self._context, self._capacity = None, 0
+        self._release = weakref.finalize(self, _free, self._model, [None])
+
+    def rows(self, count: int) -> LlamaCppRows:
+        """An empty batch of `count` rows. The model has one context: creating rows clears the last ones."""
+        if count > self._capacity:
+            self._new_context(max(count, 4))
+        llama.llama_memory_clear(self._memory, True)
+        return LlamaCppRows(self, count)
+
+    def _new_context(self, sequences: int) -> None:
+        if self._context:
+            llama.llama_free(self._context)
+            self._context = None
+        params = llama.llama_context_default_params()
+        params.n_seq_max = sequences
+        params.n_ctx = self.context_length * sequences
+        params.n_batch = params.n_ctx  # a whole batch of prompts is one decode call
+        params.n_threads = params.n_threads_batch = self.threads
+        params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
+        params.kv_unified = False  # a KV stream per row: a row attends over its own tokens only
+        params.embeddings = False
+        self._context = llama.llama_init_from_model(self._model, params)
+        if not self._context:
+            raise RuntimeError(f"llama.cpp could not create a context of {sequences} x {self.context_length} "
+                               f"positions for {self.name} (out of memory?)")
+        self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
+        self._release.detach()
+        self._release = weakref.finalize(self, _free, self._model, [self._context])
+
+    def _decode(self, rows: Sequence[tuple[int, int, Sequence[int]]], outputs: int, hidden: bool
+                ) -> tuple[Tensor | None, Tensor]:
+        """One llama_decode over (sequence id, first position, tokens) per row; logits (and hidden states)
+        of each row's last `outputs` tokens, [B, outputs, ...]."""
+        total = sum(len(tokens) for _, _, tokens in rows)
+        batch = llama.llama_batch_init(total, 0, 1)
+        try:
+            i = 0
+            for seq, start, tokens in rows:
+                first_output = len(tokens) - outputs
+                for j, token in enumerate(tokens):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = j >= first_output
+                    i += 1
+            batch.n_tokens = total
+            if hidden != self._embeddings:
+                llama.llama_set_embeddings(self._context, hidden)
+                self._embeddings = hidden
+            status = llama.llama_decode(self._context, batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed on {self.name} with status {status} "
+                                   f"({total} tokens over {len(rows)} rows)")
+        finally:
+            llama.llama_batch_free(batch)
+        logits = _outputs(llama.llama_get_logits_ith, self._context, len(rows), outputs, self.vocab_size)
+        states = (_outputs(llama.llama_get_embeddings_ith, self._context, len(rows), outputs, self.hidden_size)
+                  if hidden else None)
+        return states, logits
+
+class LlamaCppRows:
+    """A batch of rows of one LlamaCppModel: row r is sequence id `seq[r]` of the model's context."""
+
+    def __init__(self, model: LlamaCppModel, count: int) -> None:
+        self.model = model
+        self.seq = list(range(count))
+        self._lengths = [0] * count
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self._lengths)
+
+    def feed(self, tokens: Sequence[Sequence[int]], outputs: int, hidden: bool = False
+             ) -> tuple[Tensor | None, Tensor]:
+        out = self.model._decode(list(zip(self.seq, self._lengths, tokens, strict=True)), outputs, hidden)
+        self._lengths = [n + len(t) for n, t in zip(self._lengths, tokens, strict=True)]
+        return out
+
+    def truncate(self, lengths: Sequence[int]) -> None:
+        for row, (seq, held, keep) in enumerate(zip(self.seq, self._lengths, lengths, strict=True)):
+            if keep < held:
+                llama.llama_memory_seq_rm(self.model._memory, seq, keep, -1)
+                self._lengths[row] = keep
+
+    def select(self, rows: Sequence[int]) -> None:
+        kept = set(rows)
+        for row, seq in enumerate(self.seq):
+            if row not in kept:
+                llama.llama_memory_seq_rm(self.model._memory, seq, -1, -1)
+        self.seq = [self.seq[r] for r in rows]
+        self._lengths = [self._lengths[r] for r in rows]
+
+    def extend(self, count: int) -> None:
+        free = sorted(set(range(self.model._capacity)) - set(self.seq))
+        if len(free) < count:
+            raise RuntimeError(f"{self.model.name}'s context has room for {self.model._capacity} rows; "
+                               f"{len(self.seq)} are in use and {count} more were asked for")
+        self.seq += free[:count]
+        self._lengths += [0] * count
+
+
+def _outputs(get, context, rows: int, outputs: int, width: int) -> Tensor:
+    """[rows, outputs, width] float32, copied out of the buffers llama.cpp owns (and overwrites at the next
+    decode). Output by output: with embeddings on, llama_get_logits' base pointer is not the first output's
+    logits in llama.cpp 0.3.36's build, while the indexed getters are right (negative = from the last)."""
+    total = rows * outputs
+    block = np.empty((total, width), dtype=np.float32)
+    for i in range(total):
+        block[i] = np.ctypeslib.as_array(get(context, i - total), shape=(width,))
+    return torch.from_numpy(block).view(rows, outputs, width)
