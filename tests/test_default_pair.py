@@ -20,8 +20,8 @@ from diversed.models.default_pair import (
     DefaultModel,
     assemble_gguf,
     cache_dir,
-    part_paths,
     default_gguf_pair,
+    part_paths,
     prepare_default_model,
     prepare_default_pair,
 )

@@ -16,27 +16,48 @@ def observed(kept_of_five: list[int], step: float, verify: dict[int, float]) -> 
     return model
 
 
-def test_verify_line_and_acceptance_are_recovered_from_rounds():
+def test_verify_times_per_width_and_acceptance_are_recovered_from_rounds():
     model = observed([5, 3, 5, 4], step=0.1, verify={4: 0.3, 8: 0.5})
-    v0, v1 = model.verify_line()
-    assert v0 == pytest.approx(0.1) and v1 == pytest.approx(0.05)
+    assert model.verify_time(4) == pytest.approx(0.3) and model.verify_time(8) == pytest.approx(0.5)
+    assert model.verify_time(6) == pytest.approx(0.4) and model.verify_time(10) == pytest.approx(0.6)  # the line
     assert model.acceptance == pytest.approx(17 / 19)  # 17 kept drafts, 2 rejections
     n = 6
-    assert model.tokens_per_second(n) == pytest.approx(
-        expected_tokens_per_round([17 / 19] * n) / (n * 0.1 + 0.1 + 0.05 * (n + 1)))
+    assert model.tokens_per_second(n) == pytest.approx(expected_tokens_per_round([17 / 19] * n) / (n * 0.1 + 0.45))
 
 
-def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_short():
+def test_a_width_that_costs_more_than_the_line_says_is_avoided():
+    """llama.cpp on 2 cores: a pass over 8 tokens costs far more than the line through 4 and 12 suggests."""
+    model = observed([5] * 8, step=0.02, verify={4: 0.135, 8: 0.333, 12: 0.39})
+    assert model.verify_time(8) == pytest.approx(0.333)
+    assert model.best_length() != 7
+
+
+def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_the_target_alone():
     cheap = observed([5] * 19 + [4], step=0.01, verify={6: 0.3, 3: 0.27})
     costly = observed([0, 1, 0, 0], step=0.2, verify={6: 0.3, 3: 0.27})
-    assert cheap.best_length() >= 10 and costly.best_length() == 1
-    assert cheap.best_length() == max(range(1, 17), key=cheap.tokens_per_second)
+    assert cheap.best_length() >= 10 and costly.best_length() == 0
+    assert cheap.best_length() == max(range(0, 17), key=cheap.tokens_per_second)
 
 
-def test_a_single_verify_length_gives_no_slope_and_the_prior_keeps_acceptance_below_one():
+def test_the_target_alone_probes_drafting_again_every_few_rounds():
+    """A CPU where a verify pass costs nearly a step per token: the target alone wins at 60% acceptance,
+    and after probe_every plain steps one drafted round measures acceptance again."""
+    model = SpeedModel(maximum=8, decay=1.0, prior_drafts=0.0, probe_every=4)
+    for k in (2, 4):
+        model.observe([1], [k - 1], k - 1, 0.022 * (k - 1), k, 0.032 + 0.025 * k)
+    model.observe_plain(0.057)
+    assert model.best_length() == 0
+    for _ in range(3):
+        model.observe_plain(0.057)
+    assert model.best_length() >= 1  # the probe
+    model.observe([3], [3], 3, 0.066, 4, 0.135)
+    assert model.plain_rounds == 0
+
+
+def test_a_single_verify_length_is_taken_as_flat_and_the_prior_keeps_acceptance_below_one():
     model = SpeedModel(maximum=8)
     model.observe([5], [5], 5, 0.05, 6, 0.3)
-    assert model.verify_line() == (pytest.approx(0.3), 0.0)
+    assert model.verify_time(2) == model.verify_time(9) == pytest.approx(0.3)
     assert 0.8 < model.acceptance < 1.0
 
 

@@ -95,3 +95,57 @@ class ToyTask:
 
     def reward(self, example: Example, completion: str) -> float:
         return self.score(completion)
+
+
+# GGUF tensor names of a Qwen2 layer's parts, as llama.cpp reads them.
+_GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+def gguf_tokens(vocab: int) -> list[str]:
+    """A byte-level BPE vocabulary of `vocab` tokens: space (GPT-2's "Ġ") and the printable ASCII characters
+    from "!", two spaces (for the one merge llama.cpp insists on), then two special tokens, the last EOS.
+    transformers reads it back from a GGUF as a tokenizer of (nearly) single characters."""
+    characters = ["Ġ"] + [chr(c) for c in range(33, 127)]
+    assert 4 <= vocab <= len(characters) + 3
+    return characters[:vocab - 3] + ["ĠĠ", "<|endoftext|>", "<|im_end|>"]
+
+
+def tiny_gguf(model: PreTrainedModel, path, tokens: list[str] | None = None) -> str:
+    """Write a tiny Qwen2 model (no LM-head bias) as a float32 GGUF that llama.cpp loads, with the gguf
+    package; `tokens` (default gguf_tokens(vocab)) as its byte-level BPE vocabulary."""
+    import gguf
+
+    config = model.config
+    tokens = gguf_tokens(config.vocab_size) if tokens is None else tokens
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t.startswith("<|") else gguf.TokenType.NORMAL
+                            for t in tokens])
+    writer.add_token_merges(["Ġ Ġ"])
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_pad_token_id(len(tokens) - 2)
+    for key, value in model.state_dict().items():
+        if key in _GGUF_NAMES:
+            name = _GGUF_NAMES[key]
+        else:
+            _, _, layer, *part, kind = key.split(".")
+            name = f"blk.{layer}.{_GGUF_PARTS['.'.join(part)]}.{kind}"
+        writer.add_tensor(name, value.detach().float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)

@@ -1,11 +1,14 @@
 """The llama.cpp backend: GGUF models on the CPU through llama-cpp-python's low-level API.
 
 One llama.cpp context per model; the rows of a batch are sequence ids of that context, each with its own
-positions and its own KV stream. A feed is one `llama_decode` over every row's new tokens, asking for
-logits only at the positions the loop reads (the batch's `logits` flags), never the whole prompt. When the
-DIVERSED head needs hidden states, embeddings are turned on for that decode (pooling none): llama.cpp then
-returns the last hidden state after the final norm, the quantity the head was trained on with transformers,
-alongside the logits of the same positions. Rollback is `llama_memory_seq_rm` from the kept length on.
+positions and its own KV stream. Several batches may be live at once (a loop's and a fresh check's): each
+takes its sequence ids from the context's free ones and gives them back when it is dropped.
+
+A feed is one `llama_decode` over every row's new tokens, asking for logits only at the positions the loop
+reads (the batch's `logits` flags), never the whole prompt. When the DIVERSED head needs hidden states,
+embeddings are turned on for that decode (pooling none): llama.cpp then returns the last hidden state after
+the final norm, the quantity the head was trained on with transformers, alongside the logits of the same
+positions. Rollback is `llama_memory_seq_rm` from the kept length on.
 
 The high-level `llama_cpp.Llama` class is not used: it keeps per-position scores only with logits_all=True,
 which projects every prompt token onto the vocabulary.
@@ -88,15 +91,36 @@ class LlamaCppModel:
         self.eos_token_ids = tuple(sorted({t for t in special if t >= 0}))
         self.device = torch.device("cpu")
         self.threads = threads or default_threads()
-        self._context, self._capacity = None, 0
+        self._context, self._capacity, self._free_seqs = None, 0, []
+        self._live: weakref.WeakSet[LlamaCppRows] = weakref.WeakSet()
         self._release = weakref.finalize(self, _free, self._model, [None])
 
     def rows(self, count: int) -> LlamaCppRows:
-        """An empty batch of `count` rows. The model has one context: creating rows clears the last ones."""
-        if count > self._capacity:
-            self._new_context(max(count, 4))
-        llama.llama_memory_clear(self._memory, True)
-        return LlamaCppRows(self, count)
+        """An empty batch of `count` rows, on free sequence ids of the model's context (a bigger context is
+        made when no other batch is live)."""
+        rows = LlamaCppRows(self, self._take(count))
+        self._live.add(rows)
+        return rows
+
+    def _take(self, count: int) -> list[int]:
+        """`count` free sequence ids, emptied."""
+        limit = llama.llama_max_parallel_sequences()
+        if count > limit:
+            raise ValueError(f"llama.cpp decodes at most {limit} rows together, got {count}: use smaller batches")
+        if count > len(self._free_seqs):
+            if len(self._live):
+                raise RuntimeError(f"{self.name}'s context has {len(self._free_seqs)} free rows of "
+                                   f"{self._capacity} and {count} were asked for while other batches are live")
+            self._new_context(min(max(count, 4, 2 * self._capacity), limit))
+        taken, self._free_seqs = self._free_seqs[:count], self._free_seqs[count:]
+        return taken
+
+    def _give_back(self, seqs: list[int], context) -> None:
+        """Empty these sequence ids and return them to the free ones (if they belong to the live context)."""
+        if context is self._context and context:
+            for seq in seqs:
+                llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            self._free_seqs += seqs
 
     def _new_context(self, sequences: int) -> None:
         if self._context:
@@ -115,6 +139,7 @@ class LlamaCppModel:
             raise RuntimeError(f"llama.cpp could not create a context of {sequences} x {self.context_length} "
                                f"positions for {self.name} (out of memory?)")
         self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
+        self._free_seqs = list(range(sequences))
         self._release.detach()
         self._release = weakref.finalize(self, _free, self._model, [self._context])
 
@@ -140,7 +165,7 @@ class LlamaCppModel:
             status = llama.llama_decode(self._context, batch)
             if status != 0:
                 raise RuntimeError(f"llama_decode failed on {self.name} with status {status} "
-                                   f"({total} tokens over {len(rows)} rows)")
+                                   f"({total} tokens over {len(rows)} rows; llama.cpp: {_last_log()})")
         finally:
             llama.llama_batch_free(batch)
         logits = _outputs(llama.llama_get_logits_ith, self._context, len(rows), outputs, self.vocab_size)
@@ -151,10 +176,10 @@ class LlamaCppModel:
 class LlamaCppRows:
     """A batch of rows of one LlamaCppModel: row r is sequence id `seq[r]` of the model's context."""
 
-    def __init__(self, model: LlamaCppModel, count: int) -> None:
-        self.model = model
-        self.seq = list(range(count))
-        self._lengths = [0] * count
+    def __init__(self, model: LlamaCppModel, seqs: list[int]) -> None:
+        self.model, self.seq, self._lengths = model, seqs, [0] * len(seqs)
+        # The sequence ids go back to the model when the batch is dropped (self.seq is edited in place).
+        weakref.finalize(self, model._give_back, self.seq, model._context)
 
     @property
     def lengths(self) -> list[int]:
@@ -173,19 +198,13 @@ class LlamaCppRows:
                 self._lengths[row] = keep
 
     def select(self, rows: Sequence[int]) -> None:
-        kept = set(rows)
-        for row, seq in enumerate(self.seq):
-            if row not in kept:
-                llama.llama_memory_seq_rm(self.model._memory, seq, -1, -1)
-        self.seq = [self.seq[r] for r in rows]
+        dropped = [seq for row, seq in enumerate(self.seq) if row not in set(rows)]
+        self.seq[:] = [self.seq[r] for r in rows]
         self._lengths = [self._lengths[r] for r in rows]
+        self.model._give_back(dropped, self.model._context)
 
     def extend(self, count: int) -> None:
-        free = sorted(set(range(self.model._capacity)) - set(self.seq))
-        if len(free) < count:
-            raise RuntimeError(f"{self.model.name}'s context has room for {self.model._capacity} rows; "
-                               f"{len(self.seq)} are in use and {count} more were asked for")
-        self.seq += free[:count]
+        self.seq += self.model._take(count)
         self._lengths += [0] * count
 
 

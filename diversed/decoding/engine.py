@@ -142,10 +142,7 @@ def _plain_loop(run: _Run, target: Rows, pending: list[list[int]], sampling: Sam
                 generator: torch.Generator, clock: PhaseClock) -> None:
     while run.rows:
         clock.rounds += 1
-        with clock.phase("target forward"):
-            _, logits = target.feed(pending, 1)
-        with clock.phase("sampling"):
-            token = sampling.sample(sampling.probs(logits[:, -1]), generator).tolist()
+        token = target_step(target, pending, sampling, generator, clock)
         finished = []
         for row, t in enumerate(token):
             run.stats[run.rows[row]].target_forwards += 1
@@ -153,6 +150,15 @@ def _plain_loop(run: _Run, target: Rows, pending: list[list[int]], sampling: Sam
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target)
         pending = [[t] for t in (token if alive is None else [token[row] for row in alive])]
+
+
+def target_step(target: Rows, pending: list[list[int]], sampling: Sampling, generator: torch.Generator,
+                clock: PhaseClock) -> list[int]:
+    """One step of the target alone: feed each row's pending tokens, sample the next token of each."""
+    with clock.phase("target forward"):
+        _, logits = target.feed(pending, 1)
+    with clock.phase("sampling"):
+        return sampling.sample(sampling.probs(logits[:, -1]), generator).tolist()
 
 
 @dataclass
@@ -214,25 +220,35 @@ def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[i
     while run.rows:
         clock.rounds += 1
         before = dict(clock.seconds)
-        # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
-        needed = run.max_new_tokens - min(len(run.tokens[i]) for i in run.rows)
-        drafts, out, lengths = speculative_round(target, draft, pending, min(n, max(needed - 1, 1)), method,
-                                                 sampling, draft_length.confidence, weight_fn, generator, clock)
-        n_round = drafts.shape[1]
         finished = []
-        kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
-        for row, (drafted_row, kept, drafted, nxt) in enumerate(
-                zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
-            run.stats[run.rows[row]].add_round(drafted, kept, draft_forwards=n_round)
-            finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
-        if speed is None:
-            fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
-            n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is not a verdict
-        elif clock.rounds > 1:  # the first round's forwards include the prompt: not a round's cost
-            spent = {phase: clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
-            speed.observe(kept_counts, drafted_counts, n_round, spent["draft forward"], n_round + 1,
-                          spent["target forward"])
+        if n == 0:  # the auto schedule predicts the target alone faster: a plain step, the draft catches up later
+            token = target_step(target, pending.target, sampling, generator, clock)
+            pending.target = [[t] for t in token]
+            pending.draft = [d + [t] for d, t in zip(pending.draft, token, strict=True)]
+            for row, t in enumerate(token):
+                run.stats[run.rows[row]].target_forwards += 1
+                finished.append(run.emit(row, [t]))
+            speed.observe_plain(clock.seconds["target forward"] - before["target forward"])
             n = speed.best_length()
+        else:
+            # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
+            needed = run.max_new_tokens - min(len(run.tokens[i]) for i in run.rows)
+            drafts, out, lengths = speculative_round(target, draft, pending, min(n, max(needed - 1, 1)), method,
+                                                     sampling, draft_length.confidence, weight_fn, generator, clock)
+            n_round = drafts.shape[1]
+            kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
+            for row, (drafted_row, kept, drafted, nxt) in enumerate(
+                    zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
+                run.stats[run.rows[row]].add_round(drafted, kept, draft_forwards=n_round)
+                finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
+            if speed is None:
+                fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
+                n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is no verdict
+            elif clock.rounds > 1:  # the first round's forwards include the prompt: not a round's cost
+                spent = {phase: clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
+                speed.observe(kept_counts, drafted_counts, n_round, spent["draft forward"], n_round + 1,
+                              spent["target forward"])
+                n = speed.best_length()
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target, draft)
         if alive is not None:

@@ -59,24 +59,30 @@ DEFAULT_DRAFTING = DraftLength(20, confidence=0.4)
 
 
 class SpeedModel:
-    """The running speed model of one decoding call, for the "auto" schedule.
+    """The running speed model of one decoding call, for the "auto" schedule (docs/algorithm.md section 6).
 
     Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (theory.expected_tokens_per_round
-    for tau): a the per-position acceptance, d the draft step time, v(k) = v0 + v1 k the target's forward
-    time over k tokens. All three are estimated from the rounds so far, with older rounds weighing less
-    (`decay` per round), since acceptance drifts within a text (code, then prose). The acceptance is the
-    maximum-likelihood estimate for geometric runs: kept drafts / (kept drafts + rejections), starting from
-    `prior_drafts` pseudo-drafts at `prior_acceptance`. Until two different verify lengths have been timed,
-    v1 is taken as 0: that overestimates long rounds, so the next round is long, which gives the second point
-    of the line.
+    for tau), and of a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
+    step time, v(k) the target's forward time over k tokens per row. v is measured per width, since on a CPU
+    it is far from flat and not even a line (llama.cpp's 2-core pass over 8 tokens costs 2.5 passes over 4).
+    All are estimated from this call's rounds, older rounds weighing less (`decay` per round), since
+    acceptance drifts within a text (code, then prose). The acceptance is the maximum-likelihood estimate for
+    geometric runs: kept drafts / (kept drafts + rejections), starting from `prior_drafts` pseudo-drafts at
+    `prior_acceptance`.
+
+    A width never timed is read off the least-squares line through the timed ones, or, with one width
+    timed, taken as that width's time: optimistic for long rounds, so the next round is long, which times a
+    second width. When the target alone is predicted fastest, every `probe_every`-th round drafts anyway (the
+    best N >= 1), so that acceptance keeps being measured and speculation resumes when it pays again.
     """
 
-    def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0
-                 ) -> None:
-        self.maximum, self.decay = maximum, decay
+    def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0,
+                 probe_every: int = 16) -> None:
+        self.maximum, self.decay, self.probe_every = maximum, decay, probe_every
         self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
-        self.verify = [0.0] * 5  # decayed sums: weight, k, k^2, t, k t (a weighted least-squares line)
+        self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
+        self.plain_rounds = 0  # rounds of the target alone since the last drafted round
 
     def observe(self, kept: list[int], drafted: list[int], draft_steps: int, draft_seconds: float,
                 verify_tokens: int, verify_seconds: float) -> None:
@@ -86,26 +92,49 @@ class SpeedModel:
         self.kept = g * self.kept + sum(kept)
         self.rejections = g * self.rejections + sum(k < d for k, d in zip(kept, drafted, strict=True))
         self.draft_time, self.draft_steps = g * self.draft_time + draft_seconds, g * self.draft_steps + draft_steps
-        k, t = float(verify_tokens), verify_seconds
-        self.verify = [g * s + x for s, x in zip(self.verify, (1.0, k, k * k, t, k * t), strict=True)]
+        self._time(verify_tokens, verify_seconds)
+        self.plain_rounds = 0
+
+    def observe_plain(self, seconds: float) -> None:
+        """Record one step of the target alone (a pass over 1 token per sequence)."""
+        self._time(1, seconds)
+        self.plain_rounds += 1
+
+    def _time(self, k: int, seconds: float) -> None:
+        for stats in self.width.values():
+            stats[0] *= self.decay
+            stats[1] *= self.decay
+        weight, total = self.width.get(k, (0.0, 0.0))
+        self.width[k] = [weight + 1.0, total + seconds]
 
     @property
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.rejections)
 
-    def verify_line(self) -> tuple[float, float]:
-        """(v0, v1) of the target's pass time v0 + v1 k, v1 >= 0."""
-        w, sk, skk, st, skt = self.verify
-        spread = w * skk - sk * sk
-        slope = max((w * skt - sk * st) / spread, 0.0) if spread > 1e-9 * max(w * skk, 1e-30) else 0.0
-        return max(st / w - slope * sk / w, 0.0), slope
+    def verify_time(self, k: int) -> float:
+        """v(k): the measured mean time of passes over k tokens, else the line through the measured widths."""
+        if k in self.width:
+            weight, total = self.width[k]
+            return total / weight
+        points = [(w, t / n) for w, (n, t) in self.width.items()]
+        if len(points) == 1:
+            return points[0][1]
+        mean_k = sum(w for w, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = (sum((w - mean_k) * (t - mean_t) for w, t in points) / sum((w - mean_k) ** 2 for w, _ in points))
+        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(t for _, t in points))
 
     def tokens_per_second(self, n: int) -> float:
-        """Predicted tokens per second (per sequence) of a round of n drafts."""
-        v0, v1 = self.verify_line()
+        """Predicted tokens per second (per sequence) of a round of n drafts; n = 0 is the target alone."""
+        if n == 0:
+            return 1.0 / self.verify_time(1)
         step = self.draft_time / self.draft_steps
-        return expected_tokens_per_round([self.acceptance] * n) / (n * step + v0 + v1 * (n + 1))
+        return expected_tokens_per_round([self.acceptance] * n) / (n * step + self.verify_time(n + 1))
 
     def best_length(self) -> int:
-        """The draft length with the most predicted tokens per second."""
-        return max(range(1, self.maximum + 1), key=self.tokens_per_second)
+        """The draft length with the most predicted tokens per second (0: the target alone), but a probe
+        round of drafts after `probe_every` rounds of the target alone."""
+        drafted = max(range(1, self.maximum + 1), key=self.tokens_per_second)
+        if self.plain_rounds >= self.probe_every or self.tokens_per_second(drafted) >= self.tokens_per_second(0):
+            return drafted
+        return 0
