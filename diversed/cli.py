@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="weight of the acceptance reward: the speed/quality dial")
     for name, kind in (("temperature", float), ("draft_len", int), ("max_new_tokens", int), ("lr", float),
                        ("epochs", int), ("prompts_per_step", int), ("samples_per_prompt", int), ("limit", int),
-                       ("checkpoint_every", int), ("initial_weight", float), ("seed", int)):
+                       ("checkpoint_every", int), ("initial_weight", float), ("seed", int), ("ppo_epochs", int),
+                       ("minibatches", int), ("clip", float)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
     _add_sandbox_option(train)

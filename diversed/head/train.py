@@ -1,18 +1,22 @@
-"""Training the weight head with sequence-level REINFORCE plus an acceptance reward (ALGORITHM.md section 4).
+"""Training the weight head: PPO-style updates on stored rollouts, plus an acceptance reward (ALGORITHM.md
+section 4).
 
 One step:
-  1. rollouts: for each of `prompts_per_step` prompts, `samples_per_prompt` completions sampled from the
-     ensemble nu_t = w_t p_t + (1 - w_t) q_t by speculative decoding with the "dynamic" rule and the current
-     head (every emitted token but the bonus tokens is distributed exactly as nu_t);
-  2. rewards R(y) from the task;
+  1. rollouts: for each of `prompts_per_step` prompts, `samples_per_prompt` completions, all decoded together,
+     sampled from the ensemble nu_t = w_t p_t + (1 - w_t) q_t by speculative decoding with the "dynamic" rule
+     and the current head (every emitted token but the bonus tokens is distributed exactly as nu_t);
+  2. rewards R(y) from the task, and advantages R - b, b the mean reward of the other samples of the prompt;
   3. one teacher-forced pass of both (frozen) models over prompt + completion: hidden states, p_t(y_t),
-     q_t(y_t) and TV(q_t, p_t) at every generated position;
-  4. loss = mean over sequences of  -(R - b) * sum_t log nu_t(y_t)  -  lambda * A(y),
-     A(y) = mean_t (1 - w_t TV(q_t, p_t)) the expected acceptance, b the mean reward of the other samples of
-     the same prompt. The log-probability sums over non-bonus tokens only: bonus tokens come from p, which
-     does not depend on the head. (The head also changes which positions become bonus tokens; like the
-     paper, the estimator ignores that dependence, a small bias where bonus tokens are rare.)
-Only the head trains. Checkpoints (safetensors + JSON) every few steps make a killed run resumable.
+     q_t(y_t) and TV(q_t, p_t) at every generated position, and the sampling head's w_t;
+  4. all that is stored (diversed.head.rollouts: rollouts/step-NNNNNN.safetensors + .json), so the models
+     never run again for it: a killed run resumes without redoing the rollouts already stored;
+  5. `ppo_epochs` passes over the stored rollouts in `minibatches` random minibatches of completions, each an
+     AdamW update of the clipped surrogate plus the acceptance term (diversed.head.ppo, which says why the
+     importance ratio is per token). With ppo_epochs = 1 and one minibatch the update is REINFORCE's:
+     -(R - b) * sum_t log nu_t(y_t) - lambda * A'(y).
+Only the head trains. A checkpoint (head, optimizer, step) is written at the start and every
+`checkpoint_every` steps; a resumed run redoes the updates of the steps after its checkpoint from their
+stored rollouts, so no rollout is sampled twice and no update applied twice.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.generation import cut_at_stop, encode_prompt, stop_checker
 from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig
+from diversed.head.ppo import ppo_terms, term_gradient_norms
+from diversed.head.rollouts import ROLLOUTS, Rollouts, leave_one_out
 from diversed.models.loading import Pair
 from diversed.verify import total_variation
 
 
 class Task(Protocol):
-    """What training needs of a task (diversed.tasks): examples with a .prompt, a reward, stop strings."""
+    """What training needs of a task (diversed.tasks): examples with an .id and a .prompt, a reward, stop strings."""
 
     name: str
     stop: Sequence[str]
@@ -59,9 +65,21 @@ CHECKPOINT = "checkpoint"  # the folder of the last checkpoint inside a training
 
 @dataclass
 class TrainConfig:
-    """The knobs of head training. `lam` is the speed/quality dial: larger raises acceptance."""
+    """The knobs of head training.
 
-    lam: float = 1.0
+    lam: the speed/quality dial, the weight of the acceptance term A'(y) = mean_t (1 - w_t TV_t / mean TV),
+    the expected acceptance along a completion measured in units of the step's mean TV(q, p): 1 at w = 0,
+    about 0 at w = 1, for any pair (unnormalised, lambda's useful range moved with how much the two models
+    disagree). On the default pair (mean TV about 0.03 on code) the REINFORCE runs before this scale put the
+    balance near lambda = 1 here: their unnormalised lambda = 1 (0.03 here) left the reward's gradient 50x
+    larger, 30 (0.9 here) let the acceptance drive w to 0.02, 10 (0.3 here, the default) let both act. The
+    log's pg_grad_norm and acceptance_grad_norm show which term pulls harder.
+    ppo_epochs, minibatches, clip: each step's rollouts are used for ppo_epochs passes of `minibatches`
+    updates each (random minibatches of completions); a token's importance ratio is clipped to [1 - clip,
+    1 + clip] (diversed.head.ppo).
+    """
+
+    lam: float = 0.3
     temperature: float = 1.0
     draft_len: int = 5
     max_new_tokens: int = 128
@@ -71,6 +89,9 @@ class TrainConfig:
     epochs: int = 1
     prompts_per_step: int = 2
     samples_per_prompt: int = 4
+    ppo_epochs: int = 4
+    minibatches: int = 1
+    clip: float = 0.2
     limit: int | None = None  # training examples used (None: the whole train split)
     checkpoint_every: int = 5
     architecture: str = "linear"
@@ -80,24 +101,29 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.lam >= 0:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
-        for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every"):
+        for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
+                     "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (or None for all examples), got {self.limit}")
-        if not self.lr > 0 or not self.grad_clip > 0:
-            raise ValueError(f"lr and grad_clip must be > 0, got {self.lr} and {self.grad_clip}")
+        if not self.lr > 0 or not self.grad_clip > 0 or not self.clip > 0:
+            raise ValueError(f"lr, grad_clip and clip must be > 0, got {self.lr}, {self.grad_clip} and {self.clip}")
         if self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be >= 2: the baseline is the other samples' mean reward")
+        if self.minibatches > self.prompts_per_step * self.samples_per_prompt:
+            raise ValueError(f"minibatches ({self.minibatches}) must be at most the completions per step "
+                             f"({self.prompts_per_step * self.samples_per_prompt})")
         if self.temperature <= 0:
             raise ValueError("training samples from the ensemble: temperature must be > 0")
 
 
 def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path, *, resume: bool = False,
                progress: bool = True) -> EnsembleHead:
-    """Train a head for the pair on the task's training split; write checkpoints, a JSONL log (one line per
-    step: reward, acceptance proxy A, measured acceptance rate, mean w and its spread over tokens, loss) and
-    the final head to out_dir.
+    """Train a head for the pair on the task's training split; write the rollouts, checkpoints, a JSONL log
+    (one line per step: the rollouts' reward, acceptance proxy A, measured acceptance rate, mean w and its
+    spread over tokens; both loss terms and their gradient norms, the clip fraction and the approximate KL
+    between the sampling head and the updated one) and the final head to out_dir.
 
     With resume=True, continue from the last checkpoint in out_dir (the same config is required)."""
     out_dir = Path(out_dir)
@@ -112,7 +138,7 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = -(-len(examples) // config.prompts_per_step)
     total_steps = steps_per_epoch * config.epochs
-    step = _resume(out_dir, head, optimizer, config) if resume else _fresh(out_dir)
+    step = _resume(out_dir, head, optimizer, config) if resume else _start(out_dir, head, optimizer, config)
 
     sampling = Sampling(config.temperature)
     ids = [encode_prompt(pair.tokenizer, e.prompt) for e in examples]
@@ -123,15 +149,18 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         random.Random(config.seed + epoch).shuffle(order)  # a function of (seed, epoch): resumable
         chosen = order[index * config.prompts_per_step:(index + 1) * config.prompts_per_step]
         started = time.perf_counter()
-        record = _step(pair, head, optimizer, [ids[i] for i in chosen], [examples[i] for i in chosen], task,
-                       config, sampling, seed=config.seed * 1_000_003 + step)
+        # Seeds are functions of the step: a resumed run samples and shuffles as the uninterrupted one did.
+        seed = config.seed * 1_000_003 + step
+        rollouts = _rollouts(pair, head, [ids[i] for i in chosen], [examples[i] for i in chosen], task, config,
+                             sampling, seed, out_dir / ROLLOUTS, step + 1)
+        record = {**rollouts.summary(), **_update(head, optimizer, rollouts, config, seed)}
         step += 1
-        record.update(step=step, epoch=epoch, seconds=time.perf_counter() - started)
+        record = {"step": step, "epoch": epoch, **record, "seconds": time.perf_counter() - started}
         with open(out_dir / LOG_FILE, "a") as log:
             log.write(json.dumps(record) + "\n")
         bar.update()
         bar.set_postfix(reward=f"{record['reward']:.2f}", accept=f"{record['acceptance']:.2f}",
-                        w=f"{record['mean_w']:.2f}")
+                        w=f"{record['mean_w']:.2f}", kl=f"{record['approx_kl']:.1e}")
         if step % config.checkpoint_every == 0 or step == total_steps:
             _checkpoint(out_dir, head, optimizer, step, config)
     bar.close()
@@ -140,39 +169,84 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     return head
 
 
-def _step(pair: Pair, head: EnsembleHead, optimizer: torch.optim.Optimizer, prompt_ids: list[list[int]],
-          examples: list, task: Task, config: TrainConfig, sampling: Sampling, seed: int) -> dict:
+def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
+              config: TrainConfig, sampling: Sampling, seed: int, folder: Path, step: int) -> Rollouts:
+    """The step's rollouts: the stored ones if this step's were stored before a kill, else new ones, stored."""
+    stored = Rollouts.load(folder, step, pair.target.device)
+    if stored is not None:
+        expected = [e.id for e in examples for _ in range(config.samples_per_prompt)]
+        if [c["example"] for c in stored.info["completions"]] != expected:
+            raise ValueError(f"the rollouts stored for step {step} in {folder} are of other prompts")
+        return stored
+    rollouts = _collect(pair, head, prompt_ids, examples, task, config, sampling, seed)
+    rollouts.save(folder, step)
+    return rollouts
+
+
+def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
+             config: TrainConfig, sampling: Sampling, seed: int) -> Rollouts:
+    """Sample samples_per_prompt completions of each prompt in one decode call, reward them and rescore them."""
+    started = time.perf_counter()
     k = config.samples_per_prompt
     batch = [p for p in prompt_ids for _ in range(k)]
-    with torch.no_grad():
-        rollout = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
-                         draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
-                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
-                         stop=stop_checker(pair.tokenizer, task.stop))
-    texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in rollout.tokens]
-    rewards = torch.tensor([task.reward(examples[i // k], text) for i, text in enumerate(texts)],
-                           device=pair.target.device)
-    grouped = rewards.view(-1, k)
-    baseline = ((grouped.sum(-1, keepdim=True) - grouped) / (k - 1)).view(-1)  # leave-one-out mean
+    generation = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
+                        draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
+                        eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
+                        stop=stop_checker(pair.tokenizer, task.stop))
+    texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
+    rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
+    h_draft, h_target, p_y, q_y, tv, mask, scored = score_completions(pair, batch, generation.tokens,
+                                                                      generation.bonus, sampling)
+    h_draft, h_target = h_draft[mask].half(), h_target[mask].half()
+    if not (h_draft.isfinite().all() and h_target.isfinite().all()):
+        raise ValueError("the models' hidden states overflow float16, the rollouts' storage type")
+    with torch.no_grad():  # the sampling head's w on exactly the stored inputs: the ratio starts at exactly 1
+        old_w = head(h_draft.float(), h_target.float())
+    device = pair.target.device
+    reward = torch.tensor(rewards, dtype=torch.float32, device=device)
+    lengths = torch.tensor([len(t) for t in generation.tokens], device=device)
+    summary = generation.summary()
+    completions = [{"example": examples[i // k].id, "reward": r, "text": text}
+                   for i, (r, text) in enumerate(zip(rewards, texts, strict=True))]
+    return Rollouts(h_draft=h_draft, h_target=h_target,
+                    token=torch.tensor([t for row in generation.tokens for t in row], device=device),
+                    p_y=p_y[mask], q_y=q_y[mask], tv=tv[mask], bonus=~scored[mask], old_w=old_w,
+                    sequence=torch.repeat_interleave(torch.arange(len(batch), device=device), lengths),
+                    reward=reward, advantage=leave_one_out(reward, k), mean_tv=tv[mask].mean().item(),
+                    info={"seed": seed, "acceptance_rate": summary["acceptance_rate"],
+                          "new_tokens": summary["new_tokens"], "seconds": time.perf_counter() - started,
+                          "completions": completions})
 
-    h_draft, h_target, p_y, q_y, tv, mask, scored = score_completions(pair, batch, rollout.tokens,
-                                                                      rollout.bonus, sampling)
-    w = head(h_draft, h_target)
-    # where() before the log: a masked-out log(0) would still send NaN through the backward pass.
-    log_nu = torch.log(torch.where(scored, w * p_y + (1 - w) * q_y, 1.0)).sum(-1)
-    acceptance = ((1 - w * tv) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-    loss = (-(rewards - baseline) * log_nu - config.lam * acceptance).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
-    optimizer.step()
-    summary = rollout.summary()
-    # The spread of w over tokens tells a head that tells tokens apart from a static weight in disguise.
-    w_tokens = w.detach()[mask]
-    return {"loss": loss.item(), "reward": rewards.mean().item(), "acceptance": acceptance.mean().item(),
-            "acceptance_rate": summary["acceptance_rate"], "mean_w": w_tokens.mean().item(),
-            "w_std": w_tokens.std().item() if w_tokens.numel() > 1 else 0.0,
-            "grad_norm": grad_norm.item(), "new_tokens": summary["new_tokens"]}
+
+def _update(head: EnsembleHead, optimizer: torch.optim.Optimizer, rollouts: Rollouts, config: TrainConfig,
+            seed: int) -> dict:
+    """ppo_epochs passes over the rollouts, each in `minibatches` random minibatches of completions, one AdamW
+    update each. Returns what the log reports: the terms' gradient norms at the sampling head, the losses,
+    gradient norm and clip fraction averaged over the updates, and the approximate KL after them."""
+    record = term_gradient_norms(head, rollouts, config.lam, config.clip)
+    sequences = len(rollouts.reward)
+    size = -(-sequences // config.minibatches)
+    generator = torch.Generator().manual_seed(seed)
+    totals = dict.fromkeys(("pg_loss", "acceptance_term", "loss", "grad_norm", "clip_fraction"), 0.0)
+    updates = 0
+    for _ in range(config.ppo_epochs):
+        order = torch.randperm(sequences, generator=generator)
+        for start in range(0, sequences, size):
+            terms = ppo_terms(head, rollouts.select(order[start:start + size]), config.lam, config.clip)
+            loss = terms.pg_loss + terms.acceptance_term
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
+            optimizer.step()
+            for name, value in (("pg_loss", terms.pg_loss.item()), ("acceptance_term", terms.acceptance_term.item()),
+                                ("loss", loss.item()), ("grad_norm", grad_norm.item()),
+                                ("clip_fraction", terms.clip_fraction)):
+                totals[name] += value
+            updates += 1
+    with torch.no_grad():
+        approx_kl = ppo_terms(head, rollouts, config.lam, config.clip).approx_kl
+    return {**record, **{name: total / updates for name, total in totals.items()}, "approx_kl": approx_kl,
+            "updates": updates}
 
 
 @torch.no_grad()
@@ -205,10 +279,13 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
     return h_draft, h_target, p_y, q_y, total_variation(q, p), mask.to(device), (scored & mask).to(device)
 
 
-def _fresh(out_dir: Path) -> int:
-    if any((out_dir / name).exists() for name in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE)):
+def _start(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, config: TrainConfig) -> int:
+    """Begin a run in an empty out_dir with a checkpoint of step 0: a run killed before its first regular
+    checkpoint then resumes too, from its stored rollouts, and under the same config only."""
+    if any((out_dir / name).exists() for name in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE, ROLLOUTS)):
         raise ValueError(f"{out_dir} already holds a training run: pass resume=True (--resume) or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
+    _checkpoint(out_dir, head, optimizer, 0, config)
     return 0
 
 
@@ -245,7 +322,8 @@ def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer,
         raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
     state = json.loads((folder / STATE_FILE).read_text())
     if state["config"] != asdict(config):
-        changed = sorted(k for k in state["config"] if state["config"][k] != asdict(config).get(k))
+        changed = sorted(k for k in state["config"].keys() | asdict(config).keys()
+                         if state["config"].get(k) != asdict(config).get(k))
         raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
     head.load_state_dict(EnsembleHead.load(folder).state_dict())
     per_param: dict[int, dict] = {}

@@ -1,0 +1,112 @@
+"""One training step's rollouts, kept on disk so the head learns from them without running the models again.
+
+A step's rollouts are its `prompts_per_step x samples_per_prompt` completions, sampled together by
+speculative decoding with the head of that time and rescored teacher-forced (diversed.head.train). They are
+kept flat over the generated tokens (no padding): for each token what the loss needs (the head's inputs,
+the token, p_t(y_t), q_t(y_t), TV(q_t, p_t), whether it was a bonus token, the sampling head's w_t, the
+completion it belongs to) and for each completion its reward and advantage.
+
+On disk, in a run's rollouts/ folder: step-000012.safetensors (the tensors; the head's inputs in float16,
+which halves the file and is where the stored w_t was computed) and step-000012.json (what a person reads:
+the examples, the completions with their rewards, decoding statistics); about 5 kB a token for the default
+pair (896 + 1536 float16 inputs), a few MB a step. Nothing is pickled. The safetensors file is written
+last, through a temporary name: a step's rollouts count as stored once it exists, so a run killed while
+storing them redoes that step's rollouts and no other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+ROLLOUTS = "rollouts"  # the folder of stored rollouts inside a training run's output
+_PER_TOKEN = ("h_draft", "h_target", "token", "p_y", "q_y", "tv", "bonus", "old_w", "sequence")
+_PER_SEQUENCE = ("reward", "advantage")
+
+
+@dataclass
+class Rollouts:
+    """A batch of sampled completions, flat over their N generated tokens; S completions."""
+
+    h_draft: Tensor  # [N, d_draft] float16: the draft's last hidden state that predicted the token
+    h_target: Tensor  # [N, d_target] float16: the target's
+    token: Tensor  # [N] int64: the token y_t
+    p_y: Tensor  # [N] float32: p_t(y_t), the target's probability of it
+    q_y: Tensor  # [N] float32: q_t(y_t), the draft's
+    tv: Tensor  # [N] float32: TV(q_t, p_t)
+    bonus: Tensor  # [N] bool: drawn from p after a fully kept round, not from nu_t
+    old_w: Tensor  # [N] float32: w_t of the head that sampled the batch, on these (float16) inputs
+    sequence: Tensor  # [N] int64: the completion the token belongs to, 0..S-1, in order
+    reward: Tensor  # [S] float32: the task's reward
+    advantage: Tensor  # [S] float32: the reward minus the mean reward of the other samples of its prompt
+    mean_tv: float  # TV averaged over the whole step's tokens: the unit of the acceptance term
+    info: dict = field(default_factory=dict)  # examples, completions, decoding statistics, seconds (JSON)
+
+    def to(self, device: torch.device | str) -> Rollouts:
+        return replace(self, **{name: getattr(self, name).to(device) for name in _PER_TOKEN + _PER_SEQUENCE})
+
+    def select(self, rows: Tensor) -> Rollouts:
+        """The completions `rows` (indices into 0..S-1) and their tokens, renumbered 0..len(rows)-1 in their
+        original order."""
+        rows = rows.to(self.sequence.device).sort().values
+        keep = torch.isin(self.sequence, rows)
+        renumber = torch.full_like(self.reward, -1, dtype=torch.long)
+        renumber[rows] = torch.arange(len(rows), device=rows.device)
+        tokens = {name: getattr(self, name)[keep] for name in _PER_TOKEN}
+        tokens["sequence"] = renumber[tokens["sequence"]]
+        return replace(self, **tokens, reward=self.reward[rows], advantage=self.advantage[rows])
+
+    def per_sequence_mean(self, values: Tensor) -> Tensor:
+        """The mean over completions of each completion's mean of `values` [N] over its tokens."""
+        lengths = torch.bincount(self.sequence, minlength=len(self.reward)).clamp_min(1)
+        return (values / lengths[self.sequence]).sum() / len(self.reward)
+
+    def summary(self) -> dict:
+        """What the log reports about the rollouts: mean reward, the acceptance proxy A with the sampling
+        head, the measured acceptance rate, mean w and its spread over tokens (a head that tells tokens apart
+        from a static weight in disguise), the mean TV, the tokens and the seconds they took."""
+        return {"reward": self.reward.mean().item(),
+                "acceptance": self.per_sequence_mean(1 - self.old_w * self.tv).item(),
+                "acceptance_rate": self.info["acceptance_rate"], "mean_w": self.old_w.mean().item(),
+                "w_std": self.old_w.std().item() if len(self.old_w) > 1 else 0.0, "mean_tv": self.mean_tv,
+                "new_tokens": self.info["new_tokens"], "rollout_seconds": self.info["seconds"]}
+
+    def save(self, folder: str | Path, step: int) -> None:
+        """Write step-{step}.json, then step-{step}.safetensors, each through a temporary file and a rename."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = _stem(step)
+        info = folder / f"{stem}.json.tmp"
+        info.write_text(json.dumps({**self.info, "mean_tv": self.mean_tv}, indent=1) + "\n")
+        info.replace(folder / f"{stem}.json")
+        tensors = folder / f"{stem}.safetensors.tmp"
+        save_file({name: getattr(self, name).detach().cpu().contiguous() for name in _PER_TOKEN + _PER_SEQUENCE},
+                  tensors)
+        tensors.replace(folder / f"{stem}.safetensors")
+
+    @classmethod
+    def load(cls, folder: str | Path, step: int, device: torch.device | str = "cpu") -> Rollouts | None:
+        """The rollouts stored for `step`, on `device`; None if there are none."""
+        folder, stem = Path(folder), _stem(step)
+        if not (folder / f"{stem}.safetensors").exists():
+            return None
+        tensors = load_file(folder / f"{stem}.safetensors", device=str(device))
+        info = json.loads((folder / f"{stem}.json").read_text())
+        return cls(**tensors, mean_tv=info.pop("mean_tv"), info=info)
+
+
+def leave_one_out(rewards: Tensor, samples_per_prompt: int) -> Tensor:
+    """Each reward minus the mean of the other samples of its prompt (samples of a prompt are adjacent).
+    The baseline does not depend on the sample's own reward, so the gradient stays unbiased."""
+    grouped = rewards.view(-1, samples_per_prompt)
+    others = (grouped.sum(-1, keepdim=True) - grouped) / (samples_per_prompt - 1)
+    return (grouped - others).view(-1)
+
+
+def _stem(step: int) -> str:
+    return f"step-{step:06d}"

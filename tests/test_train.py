@@ -1,0 +1,285 @@
+"""Training the weight head on tiny models with a word-level tokenizer: the stored rollouts, the clipped
+update, which way the terms move w, and resuming after a kill."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import diversed.head.train as train
+from diversed.decoding.sampling import Sampling
+from diversed.generation import encode_prompt
+from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.ppo import ppo_terms
+from diversed.head.rollouts import ROLLOUTS, Rollouts
+from diversed.head.train import LOG_FILE, TrainConfig, score_completions, train_head
+
+from tiny import ToyTask, share_of_draft_tokens, toy_pair
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair()
+
+
+DRAFT_LOVER = ToyTask(share_of_draft_tokens)
+
+
+def config(**changes) -> TrainConfig:
+    base = dict(lam=0.0, temperature=1.0, draft_len=3, max_new_tokens=12, lr=0.05, epochs=3,
+                prompts_per_step=2, samples_per_prompt=4, checkpoint_every=2, ppo_epochs=2, minibatches=2)
+    return TrainConfig(**{**base, **changes})
+
+
+def log_rows(out_dir) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / LOG_FILE).read_text().splitlines()]
+
+
+def mean_w(out_dir) -> tuple[float, float]:
+    rows = log_rows(out_dir)
+    return rows[0]["mean_w"], sum(r["mean_w"] for r in rows[-3:]) / 3
+
+
+def synthetic(sequences: int = 4, per_sequence: int = 5, seed: int = 0) -> Rollouts:
+    """Random rollouts for a head of hidden sizes (8, 12): p favours every token far more than q does."""
+    g = torch.Generator().manual_seed(seed)
+    n = sequences * per_sequence
+    return Rollouts(h_draft=torch.randn(n, 8, generator=g).half(), h_target=torch.randn(n, 12, generator=g).half(),
+                    token=torch.randint(0, 40, (n,), generator=g), p_y=torch.full((n,), 0.9),
+                    q_y=torch.full((n,), 0.05), tv=torch.rand(n, generator=g), bonus=torch.arange(n) % 7 == 6,
+                    old_w=torch.rand(n, generator=g), sequence=torch.arange(sequences).repeat_interleave(per_sequence),
+                    reward=torch.rand(sequences, generator=g), advantage=torch.randn(sequences, generator=g),
+                    mean_tv=0.5, info={"acceptance_rate": 0.5, "new_tokens": n, "seconds": 1.0, "completions": []})
+
+
+def random_head(seed: int = 0) -> EnsembleHead:
+    head = EnsembleHead(HeadConfig(8, 12))
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(head.net.weight, std=0.05)  # w within about 0.5 +- 0.1
+    return head
+
+
+def test_stored_rollouts_round_trip_as_safetensors_and_json(tmp_path):
+    rollouts = synthetic()
+    rollouts.save(tmp_path, 12)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000012.json", "step-000012.safetensors"]
+    with safe_open(tmp_path / "step-000012.safetensors", "pt") as f:  # plain safetensors: no pickle anywhere
+        assert "h_draft" in f.keys() and f.get_tensor("h_draft").dtype == torch.float16
+    loaded = Rollouts.load(tmp_path, 12)
+    for name in ("h_draft", "h_target", "token", "p_y", "q_y", "tv", "bonus", "old_w", "sequence", "reward",
+                 "advantage"):
+        original, back = getattr(rollouts, name), getattr(loaded, name)
+        assert back.dtype == original.dtype and torch.equal(back, original), name
+    assert loaded.mean_tv == rollouts.mean_tv and loaded.info == rollouts.info
+    assert Rollouts.load(tmp_path, 13) is None
+
+
+def test_a_minibatch_keeps_its_sequences_tokens_renumbered():
+    rollouts = synthetic()
+    part = rollouts.select(torch.tensor([3, 1]))
+    assert part.sequence.tolist() == [0] * 5 + [1] * 5  # in their order: sequence 1, then 3
+    assert torch.equal(part.h_draft[5:], rollouts.h_draft[15:]) and torch.equal(part.reward, rollouts.reward[[1, 3]])
+    # The acceptance term averages per sequence, then over sequences: a minibatch's is its own sequences'.
+    torch.testing.assert_close(part.per_sequence_mean(part.tv), rollouts.tv.view(4, 5)[[1, 3]].mean())
+
+
+@pytest.mark.parametrize("above", [True, False])
+def test_the_clip_stops_the_policy_gradient_only_on_the_side_it_guards(above):
+    """r > 1 + eps with A > 0, or r < 1 - eps with A < 0, would push r further out: zero gradient there.
+    Pulling back towards the band keeps its gradient."""
+    head, rollouts = random_head(), synthetic()
+    # p_y >> q_y, so nu grows with w: a sampling w far below (above) the head's gives a ratio far above (below) 1.
+    rollouts.old_w = torch.full_like(rollouts.old_w, 0.01 if above else 0.99)
+    for sign, clipped in ((1.0, above), (-1.0, not above)):
+        rollouts.advantage = sign * torch.ones(4)
+        terms = ppo_terms(head, rollouts, lam=0.0, clip=0.2)
+        assert terms.clip_fraction == 1.0
+        grad = torch.autograd.grad(terms.pg_loss, head.net.weight)[0]
+        assert (grad.abs().max() == 0) if clipped else (grad.abs().max() > 1e-3)
+
+
+def test_with_a_ratio_of_one_the_update_is_reinforce_and_the_clip_does_not_act():
+    head, rollouts = random_head(), synthetic()
+    with torch.no_grad():
+        rollouts.old_w = head(rollouts.h_draft.float(), rollouts.h_target.float())
+    grads = [torch.autograd.grad(ppo_terms(head, rollouts, lam=0.0, clip=clip).pg_loss, head.net.weight)[0]
+             for clip in (0.01, 100.0)]
+    w = head(rollouts.h_draft.float(), rollouts.h_target.float())
+    log_nu = torch.log(w * rollouts.p_y + (1 - w) * rollouts.q_y)
+    reinforce = -(rollouts.advantage[rollouts.sequence] * log_nu * ~rollouts.bonus).sum() / 4
+    expected = torch.autograd.grad(reinforce, head.net.weight)[0]
+    for grad in grads:
+        torch.testing.assert_close(grad, expected)
+
+
+def test_one_update_is_the_reinforce_gradient_of_the_stored_rollouts(pair, tmp_path):
+    """ppo_epochs = 1, one minibatch: the update's gradient is that of -(R - b) sum_t log nu_t - lambda' A(y)
+    (the objective before PPO; lambda' = lambda / mean TV), recomputed here from the models."""
+    task, lam = ToyTask(share_of_draft_tokens, size=2), 0.5
+    cfg = config(epochs=1, ppo_epochs=1, minibatches=1, clip=100.0, grad_clip=1e9, lam=lam)
+    trained = train_head(pair, task, cfg, tmp_path, progress=False)
+    stored = Rollouts.load(tmp_path / ROLLOUTS, 1)
+    assert {p.suffix for p in tmp_path.rglob("*") if p.is_file()} == {".json", ".jsonl", ".safetensors"}
+
+    examples = {e.id: e for e in task.examples()}
+    completions = stored.info["completions"]
+    prompts = [encode_prompt(pair.tokenizer, examples[c["example"]].prompt) for c in completions]
+    tokens = [stored.token[stored.sequence == i].tolist() for i in range(len(completions))]
+    bonus = [stored.bonus[stored.sequence == i].tolist() for i in range(len(completions))]
+    h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(pair, prompts, tokens, bonus, Sampling(1.0))
+    for name, value in (("p_y", p_y), ("q_y", q_y), ("tv", tv), ("h_draft", h_d.half()), ("h_target", h_t.half())):
+        torch.testing.assert_close(getattr(stored, name), value[mask], msg=name)
+    rewards = torch.tensor([share_of_draft_tokens(c["text"]) for c in completions])
+    torch.testing.assert_close(stored.reward, rewards)
+
+    head = EnsembleHead(trained.config)  # the sampling head: the initial one
+    w = head(h_d.half().float(), h_t.half().float())
+    baseline = (rewards.view(-1, 4).sum(-1, keepdim=True) - rewards.view(-1, 4)) / 3
+    log_nu = torch.log(torch.where(scored, w * p_y + (1 - w) * q_y, 1.0)).sum(-1)
+    acceptance = ((1 - w * tv) * mask).sum(-1) / mask.sum(-1)
+    loss = (-(rewards - baseline.view(-1)) * log_nu - lam / stored.mean_tv * acceptance).mean()
+    loss.backward()
+    assert log_rows(tmp_path)[0]["updates"] == 1
+    for (name, expected), applied in zip(head.named_parameters(), trained.parameters(), strict=True):
+        torch.testing.assert_close(applied.grad, expected.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_acceptance_reward_alone_moves_w_down(pair, tmp_path):
+    """With a constant task reward the advantage is 0 and only the acceptance term acts: raising it means
+    lowering w where TV > 0."""
+    train_head(pair, ToyTask(lambda text: 1.0), config(lam=1.0, epochs=2, lr=0.01), tmp_path, progress=False)
+    first, last = mean_w(tmp_path)
+    assert first == pytest.approx(0.5, abs=1e-6) and last < 0.35
+    rows = log_rows(tmp_path)
+    assert all(r["pg_grad_norm"] == 0 and r["acceptance_grad_norm"] > 0 for r in rows)
+    # The fresh head gives every token the same w; the trained one tells the tokens apart.
+    assert rows[0]["w_std"] == pytest.approx(0.0, abs=1e-6) and max(r["w_std"] for r in rows) > 0.01
+
+
+@pytest.mark.parametrize("prefer_draft", [True, False])
+def test_the_reward_moves_w_towards_the_rewarded_model(pair, tmp_path, prefer_draft):
+    """A reward for draft-favoured tokens must lower w (trust the draft); one for target-favoured tokens must
+    raise it. lambda = 0, so only the policy gradient moves the head."""
+    task = DRAFT_LOVER if prefer_draft else ToyTask(lambda text: 1.0 - share_of_draft_tokens(text))
+    train_head(pair, task, config(), tmp_path, progress=False)
+    _, last = mean_w(tmp_path)
+    assert (last < 0.4) if prefer_draft else (last > 0.6)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(pair, tmp_path_factory):
+    """A 3-step run (checkpoints at steps 0, 2 and 3; 4 updates a step) that the resume tests must reproduce."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), out, progress=False), out
+
+
+def test_the_log_reports_both_terms_and_the_update(uninterrupted):
+    _, out = uninterrupted
+    for row in log_rows(out):
+        for key in ("reward", "acceptance", "acceptance_rate", "mean_w", "w_std", "mean_tv", "pg_loss",
+                    "acceptance_term", "loss", "pg_grad_norm", "acceptance_grad_norm", "grad_norm", "clip_fraction",
+                    "approx_kl", "updates"):
+            assert key in row, key
+        assert row["loss"] == pytest.approx(row["pg_loss"] + row["acceptance_term"])
+        assert row["acceptance_grad_norm"] > 0 and row["updates"] == 4 and row["approx_kl"] >= 0
+
+
+# (function of diversed.head.train that dies, on which call, after it returns or before, steps decoded on resume)
+KILLS = {
+    "after step 1's rollouts, before any update and any checkpoint but step 0's": ("_update", 1, False, 2),
+    "after step 3's rollouts, before its updates": ("_update", 3, False, 0),
+    "mid-epoch in step 3's updates": ("ppo_terms", 13, False, 0),  # 5 calls a step: 4 updates, the final KL
+    "right after step 2's checkpoint": ("_checkpoint", 2, True, 1),
+}
+
+
+@pytest.mark.parametrize("kill", KILLS.values(), ids=KILLS.keys())
+def test_resume_after_a_kill_gives_the_uninterrupted_run(pair, tmp_path, monkeypatch, uninterrupted, kill):
+    name, call, after, decoded = kill
+    full, full_out = uninterrupted
+    original, calls = getattr(train, name), {"n": 0}
+
+    def dies(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call and not after:
+            raise KeyboardInterrupt
+        result = original(*args, **kwargs)
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(train, name, dies)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, progress=False)
+    monkeypatch.setattr(train, name, original)
+
+    decode, decodes = train.decode, {"n": 0}
+
+    def counted(*args, **kwargs):
+        decodes["n"] += 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(train, "decode", counted)
+    resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, resume=True, progress=False)
+    assert decodes["n"] == decoded  # stored rollouts are never sampled again
+    for key, value in full.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=0)
+    timeless = [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in log_rows(full_out)]
+    assert [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in log_rows(tmp_path)] == timeless
+
+
+def test_a_kill_during_a_checkpoint_leaves_the_previous_one_whole(pair, tmp_path, monkeypatch, uninterrupted):
+    original, calls = train.save_file, {"n": 0}
+
+    def dies_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # killed while writing the checkpoint of step 3 (after those of 0 and 2)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train, "save_file", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, progress=False)
+    monkeypatch.setattr(train, "save_file", original)
+    resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, resume=True, progress=False)
+    for name, value in uninterrupted[0].state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+
+def test_fresh_run_refuses_to_overwrite_and_resume_refuses_other_config(pair, tmp_path):
+    small = ToyTask(share_of_draft_tokens, size=2)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train_head(pair, small, config(epochs=1), tmp_path, resume=True, progress=False)
+    train_head(pair, small, config(epochs=1, prompts_per_step=1), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="already holds"):
+        train_head(pair, small, config(epochs=1), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="changed: clip, lr"):
+        train_head(pair, small, config(epochs=1, prompts_per_step=1, lr=0.1, clip=0.3), tmp_path, resume=True,
+                   progress=False)
+
+
+def test_scoring_matches_the_models(pair):
+    """The teacher-forced pass gives p(y_t), q(y_t) and TV at the positions that predict each token."""
+    prompts, completions = [[3, 4, 5], [6]], [[7, 8], [9, 10, 11]]
+    h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(
+        pair, prompts, completions, [[False, True], [False, False, False]], Sampling(1.0))
+    assert mask.tolist() == [[True, True, False], [True, True, True]]
+    assert scored.tolist() == [[True, False, False], [True, True, True]]
+    with torch.no_grad():
+        seq = torch.tensor([[6, 9, 10, 11]])
+        p = torch.softmax(pair.target.model(seq).logits[0], -1)
+        q = torch.softmax(pair.draft.model(seq).logits[0], -1)
+    torch.testing.assert_close(p_y[1], p[[0, 1, 2], [9, 10, 11]], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(q_y[1], q[[0, 1, 2], [9, 10, 11]], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(tv[1], 0.5 * (p[:3] - q[:3]).abs().sum(-1), atol=1e-5, rtol=1e-4)
+    assert h_d.shape == (2, 3, 48) and h_t.shape == (2, 3, 32)
+
+
+def test_bad_training_settings_are_refused():
+    for bad, message in ((dict(checkpoint_every=0), "checkpoint_every"), (dict(lr=0), "lr"),
+                         (dict(samples_per_prompt=1), "samples_per_prompt"), (dict(temperature=0), "temperature"),
+                         (dict(lam=-1), "lambda"), (dict(limit=0), "limit"), (dict(ppo_epochs=0), "ppo_epochs"),
+                         (dict(clip=0), "clip"), (dict(minibatches=9), "minibatches")):
+        with pytest.raises(ValueError, match=message):
+            config(**bad)
