@@ -40,14 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--draft-len", type=int,
-                     help=f"drafted tokens per round N (default {DEFAULT_DRAFTING.initial}; the first round's N of the "
-                          f"other schedules, default {DraftLength.initial})")
-    gen.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
-                     help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (the N "
-                          "that the speed model predicts fastest, from measured costs and running acceptance)")
-    gen.add_argument("--draft-confidence", type=float, default=DEFAULT_DRAFTING.confidence,
-                     help="stop drafting once a drafted token's probability is below this "
-                          f"(default {DEFAULT_DRAFTING.confidence}; 0 = off)")
+                     help="drafted tokens per round N (the first round's N of the other schedules)")
+    gen.add_argument("--draft-schedule", choices=SCHEDULES,
+                     help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
+                          "round the N, 0 = the target alone, that the speed model predicts fastest, from measured "
+                          "costs and running acceptance)")
+    gen.add_argument("--draft-confidence", type=float,
+                     help="stop drafting once a drafted token's probability is below this (0 = off)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
@@ -84,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
     ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
     ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--draft-len", type=int, default=DEFAULT_DRAFTING.initial,
-                    help=f"drafted tokens per round (default {DEFAULT_DRAFTING.initial}; hf-exact drafts as many)")
-    ev.add_argument("--draft-confidence", type=float, default=DEFAULT_DRAFTING.confidence,
-                    help=f"stop drafting below this draft probability (default {DEFAULT_DRAFTING.confidence})")
+    ev.add_argument("--draft-len", type=int, default=5,
+                    help="drafted tokens per round (default 5; hf-exact drafts as many)")
+    ev.add_argument("--draft-confidence", type=float, default=0.0,
+                    help="stop drafting below this draft probability (default 0: a constant draft length, so that "
+                         "acceptance rates compare across methods)")
     ev.add_argument("--max-new-tokens", type=int, help="default: the task's")
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
@@ -141,10 +141,7 @@ def _generate(args: argparse.Namespace) -> int:
         method = replace(method, delta=args.delta)
     prompts = _read_prompts(args)
     pair = _load(args)
-    length = args.draft_len
-    if length is None:
-        length = DEFAULT_DRAFTING.initial if args.draft_schedule == "constant" else DraftLength.initial
-    schedule = DraftLength(length, args.draft_schedule, confidence=args.draft_confidence)
+    schedule = _drafting(args, DEFAULT_DRAFTING[pair.backend])
     completions = generate(pair, prompts, method=method, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, draft_length=schedule, max_new_tokens=args.max_new_tokens,
                            stop=args.stop, chat=False if args.no_chat else None, system=args.system,
@@ -161,6 +158,15 @@ def _generate(args: argparse.Namespace) -> int:
             if args.profile:
                 print(profile_table(m["profile"]), flush=True)
     return 0
+
+
+def _drafting(args: argparse.Namespace, default: DraftLength) -> DraftLength:
+    """The backend's default drafting with what the user set of it replaced (--draft-len alone: N a round)."""
+    schedule = args.draft_schedule or ("constant" if args.draft_len is not None else default.schedule)
+    if schedule != default.schedule:
+        default = DraftLength(DraftLength.initial, schedule, confidence=default.confidence)
+    return DraftLength(default.initial if args.draft_len is None else args.draft_len, schedule, default.maximum,
+                       default.confidence if args.draft_confidence is None else args.draft_confidence)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    draft_length: int | DraftLength = DEFAULT_DRAFTING,
+    draft_length: int | DraftLength | None = None,
     max_new_tokens: int = 128,
     stop: Sequence[str] = (),
     chat: bool | None = None,
@@ -50,12 +50,14 @@ def generate(
     """Generate a completion for each prompt with the pair and a method ("auto", "exact", "static:0.7",
     "diversed:HEAD_DIR", ...). weight_fn overrides the head of a "diversed" method (or drives "dynamic").
 
+    draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     stop: strings that end a sequence; its text is cut before the first one.
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
     """
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    draft_length = DEFAULT_DRAFTING[pair.backend] if draft_length is None else draft_length
     method = Method.parse(method) if isinstance(method, str) else method
     if method.name == "diversed" and weight_fn is None:
         weight_fn = load_head(pair, method.head)

@@ -46,6 +46,7 @@ class Model(Protocol):
     """A frozen causal LM as the decoding loop sees it."""
 
     name: str
+    backend: str  # the engine's name, one of diversed.backends.BACKENDS
     vocab_size: int  # the width of the logits; token ids are in [0, vocab_size)
     hidden_size: int  # the width of the last hidden state
     context_length: int | None  # positions a row may hold (None: no known limit)

@@ -18,6 +18,8 @@ from transformers import DynamicCache, PreTrainedModel
 class TransformersModel:
     """A frozen transformers causal LM behind the backend interface (diversed.backends.base.Model)."""
 
+    backend = "transformers"
+
     def __init__(self, model: PreTrainedModel, name: str = "") -> None:
         unsupported = _unsupported_feature(model.config)
         if unsupported:

@@ -69,6 +69,8 @@ class LlamaCppModel:
 
     context: positions per row. threads: llama.cpp's threads (default: every core of the process)."""
 
+    backend = "llama.cpp"
+
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
                  threads: int | None = None) -> None:
         path = Path(path)

@@ -18,6 +18,8 @@ class DraftLength:
     sequences kept all their drafts, since the batch shares one N. auto: each round, the N in
     [1, maximum] that the speed model predicts to give the most tokens per second, from this run's measured
     draft step and verify pass times and its running acceptance (see SpeedModel); N is the first round's.
+    The auto schedule may also choose N = 0, a step of the target alone, whose token follows the target's
+    p whatever the rule (as a bonus token does).
     confidence: a sequence stops drafting in a round once its drafted token had draft probability below
     this (the token itself is still proposed); 0 disables it.
     """
@@ -52,10 +54,13 @@ class DraftLength:
         return min(n + 2, self.maximum) if fully_kept_fraction >= 0.5 else max(n - 1, 1)
 
 
-# What generate() and `diversed generate` draft by default: 20 tokens a round, a sequence stopping early
-# once its draft is less than 40% sure (transformers' assisted-generation defaults too). The fastest
-# setting measured on the default pair, at T = 0 and T = 1 (benchmarks/README.md).
-DEFAULT_DRAFTING = DraftLength(20, confidence=0.4)
+# What generate() and `diversed generate` draft by default, per backend (benchmarks/README.md has the runs
+# that chose them). transformers: 20 tokens a round, a sequence stopping early once its draft is less than
+# 40% sure (transformers' assisted-generation defaults too); the fastest measured on the default pair at
+# T = 0 and T = 1. llama.cpp on a CPU: a verify pass costs nearly a step per token, so the speed model
+# chooses each round, the target alone included.
+DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
+                    "llama.cpp": DraftLength(2, "auto", maximum=8, confidence=0.4)}
 
 
 class SpeedModel:

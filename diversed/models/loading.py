@@ -42,6 +42,11 @@ class Pair:
         self.draft, self.target = as_model(self.draft), as_model(self.target)
 
     @property
+    def backend(self) -> str:
+        """The engine both models run on: "transformers" or "llama.cpp"."""
+        return self.target.backend
+
+    @property
     def eos_token_ids(self) -> list[int]:
         """Every token that ends a sequence: the tokenizer's EOS and the target's own."""
         ids = {self.tokenizer.eos_token_id, *self.target.eos_token_ids}
