@@ -20,10 +20,11 @@ from collections import defaultdict
 import torch
 
 from diversed.decoding.sampling import Sampling
-from diversed.generation import encode_prompt, generate, load_head
+from diversed.generation import generate, load_head
 from diversed.head.train import score_completions
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task
+from diversed.text import encode_prompt
 
 KINDS = ("newline/indent", "keyword", "name", "number", "string quote", "operator/bracket", "other")
 

@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 
 import torch
+from diversed.decoding.state import ModelState
 
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
-from diversed.decoding.state import ModelState
 from diversed.evaluation.peer import assisted_generate
-from diversed.generation import encode_prompt
 from diversed.models.loading import Pair, load_pair
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
+from diversed.text import encode_prompt
 
 
 class ForwardTimer:

@@ -31,19 +31,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from diversed.decoding.state import ModelState
 
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import summarize
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.decoding.state import ModelState
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_methods
-from diversed.generation import encode_prompt, load_head
+from diversed.generation import load_head
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import DTYPES, Pair, load_model, load_pair
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
+from diversed.text import encode_prompt
 from diversed.theory import expected_tokens_per_round
 
 

@@ -102,9 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"diversed {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:  # what the user asked
+        print(f"diversed {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except (RuntimeError, OSError) as err:  # what the machine could not do
+        print(f"diversed {args.command}: failed: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"diversed {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +128,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="llama.cpp (.gguf files as they are quantized; the default on a CPU for the built-in "
                              "pair and .gguf files) or transformers (hub ids, folders, .gguf converted)")
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
+    parser.add_argument("--draft-quant", choices=("Q3_K_S", "Q2_K"),
+                        help="llama.cpp: the built-in draft requantized to fewer bits (a cheaper step; made once)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16",
@@ -132,19 +144,25 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from diversed.decoding.method import Method
-    from diversed.generation import generate
+    from diversed.generation import check_request, generate
 
     if args.head is not None and args.method != "diversed":
         raise ValueError("--head is for --method diversed")
     method = Method.parse(f"diversed:{args.head}" if args.head is not None else args.method)
     if args.delta is not None:
         method = replace(method, delta=args.delta)
-    prompts = _read_prompts(args)
+    # Everything is checked before the models load (tens of seconds): a typo costs nothing.
+    backend = _check_load_options(args)
+    request = check_request(_read_prompts(args), method=method, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
+                            max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
+                            seed=args.seed)
+    if args.system is not None and not args.system.strip():
+        raise ValueError("--system is empty")
     pair = _load(args)
-    schedule = _drafting(args, DEFAULT_DRAFTING[pair.backend])
-    completions = generate(pair, prompts, method=method, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, draft_length=schedule, max_new_tokens=args.max_new_tokens,
-                           stop=args.stop, chat=False if args.no_chat else None, system=args.system,
+    completions = generate(pair, request.prompts, method=method, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, draft_length=request.draft_length, max_new_tokens=args.max_new_tokens,
+                           stop=request.stop, chat=False if args.no_chat else None, system=args.system,
                            batch_size=args.batch_size, seed=args.seed, profile=args.profile)
     for c in completions:
         if args.json:
@@ -171,13 +189,16 @@ def _drafting(args: argparse.Namespace, default: DraftLength) -> DraftLength:
 
 def _train(args: argparse.Namespace) -> int:
     from diversed.evaluation.report import plot_training
-    from diversed.head.train import LOG_FILE, train_head
+    from diversed.head.train import LOG_FILE, check_run_folder, train_head
     from diversed.tasks import get_task
 
     _sandbox(args)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     task = get_task(args.task)
+    task.examples("train", limit=config.limit)  # the data loads (and is checked) before the models
+    check_run_folder(args.out, config, args.resume)
+    _check_load_options(args)
     train_head(_load(args), task, config, args.out, resume=args.resume)
     plot_training(args.out / LOG_FILE, args.out / "training.png")
     print(args.out)
@@ -197,7 +218,7 @@ def _eval(args: argparse.Namespace) -> int:
                         draft_confidence=args.draft_confidence,
                         max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
                         split=args.split, limit=args.limit, seed=args.seed, dtype=args.dtype,
-                        draft_int8=args.draft_int8, backend=_backend(args))
+                        draft_int8=args.draft_int8, backend=_check_load_options(args))
     _init_distributed(args)
     pair = _load(args)
     config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)
@@ -212,12 +233,6 @@ def _sandbox(args: argparse.Namespace) -> None:
         from diversed.tasks.sandbox import allow_unsandboxed
 
         allow_unsandboxed()
-
-
-def _backend(args: argparse.Namespace) -> str:
-    from diversed.models.loading import default_backend
-
-    return args.backend or default_backend(args.device, args.draft, args.target)
 
 
 def _init_distributed(args: argparse.Namespace) -> None:
@@ -238,9 +253,9 @@ def _init_distributed(args: argparse.Namespace) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from diversed.models.default_pair import default_gguf_pair, prepare_default_pair
+    from diversed.models.default_pair import default_draft_gguf, default_gguf_pair, prepare_default_pair
 
-    for path in (*default_gguf_pair(), *prepare_default_pair()):
+    for path in (*default_gguf_pair(), default_draft_gguf("Q3_K_S"), *prepare_default_pair()):
         print(path)
     return 0
 
@@ -248,8 +263,11 @@ def _prepare(args: argparse.Namespace) -> int:
 def _read_prompts(args: argparse.Namespace) -> list[str]:
     if args.file is not None:
         if not args.file.is_file():
-            raise FileNotFoundError(f"prompt file not found: {args.file}")
-        lines = [(i, line) for i, line in enumerate(args.file.read_text().splitlines(), 1) if line.strip()]
+            raise FileNotFoundError(f"--file {str(args.file)!r}: no such file")
+        lines = [(i, line) for i, line in enumerate(_utf8(args.file.read_bytes(), f"--file {args.file}")
+                                                    .splitlines(), 1) if line.strip()]
+        if not lines:
+            raise ValueError(f"--file {str(args.file)!r} holds no prompt (only blank lines)")
         if args.file.suffix == ".jsonl":
             return [_jsonl_prompt(line, args.file, i) for i, line in lines]
         return [line for _, line in lines]
@@ -257,17 +275,36 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
         return args.prompts
     if sys.stdin.isatty() and args.prompts != ["-"]:
         raise ValueError("give a prompt, --file, or prompts on stdin")
-    prompts = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    prompts = [line for line in _utf8(sys.stdin.buffer.read(), "standard input").splitlines() if line.strip()]
     if not prompts:
         raise ValueError("no prompts on stdin")
     return prompts
 
 
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{source} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start})"
+                         ) from None
+
+
 def _jsonl_prompt(line: str, path: Path, number: int) -> str:
     try:
-        return json.loads(line)["prompt"]
+        prompt = json.loads(line)["prompt"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"{path}:{number}: expected a JSON object with a \"prompt\" field") from None
+    if not isinstance(prompt, str):
+        raise ValueError(f"{path}:{number}: \"prompt\" must be a string, got {type(prompt).__name__}")
+    return prompt
+
+
+def _check_load_options(args: argparse.Namespace) -> str:
+    """load_pair's checks, before anything loads; the backend the pair will run on."""
+    from diversed.models.loading import check_load_options
+
+    return check_load_options(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
+                              draft_vocab=args.draft_vocab, threads=args.threads, draft_quant=args.draft_quant)
 
 
 def _load(args: argparse.Namespace):
@@ -277,7 +314,8 @@ def _load(args: argparse.Namespace):
 
     with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
         pair = load_pair(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
-                         draft_vocab=args.draft_vocab, draft_int8=args.draft_int8, threads=args.threads)
+                         draft_vocab=args.draft_vocab, draft_int8=args.draft_int8, threads=args.threads,
+                         draft_quant=args.draft_quant)
         bar.update()
     return pair
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.engine import StopFn, WeightFn, decode
+from diversed.decoding.engine import WeightFn, decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.head.model import PRETRAINED_HEAD, EnsembleHead
 from diversed.models.loading import Pair
+from diversed.text import cut_at_stop, encode_prompt, stop_checker
 
 
 @dataclass
@@ -56,13 +58,13 @@ def generate(
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
     """
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    draft_length = DEFAULT_DRAFTING[pair.backend] if draft_length is None else draft_length
-    method = Method.parse(method) if isinstance(method, str) else method
+    request = check_request(prompts, method=method, temperature=temperature, top_k=top_k, top_p=top_p,
+                            draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
+                            seed=seed)
+    prompts, method, stop = request.prompts, request.method, request.stop
+    draft_length = DEFAULT_DRAFTING[pair.backend] if request.draft_length is None else request.draft_length
     if method.name == "diversed" and weight_fn is None:
         weight_fn = load_head(pair, method.head)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     tokenizer = pair.tokenizer
     if chat and tokenizer.chat_template is None:
         raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False")
@@ -72,7 +74,7 @@ def generate(
     for start in range(0, len(prompts), batch_size):
         batch = slice(start, start + batch_size)
         out = decode(pair.target, ids[batch], draft=pair.draft, method=method,
-                     sampling=Sampling(temperature, top_k, top_p), draft_length=draft_length,
+                     sampling=request.sampling, draft_length=draft_length,
                      max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
                      weight_fn=weight_fn, seed=seed + start, profile=profile)
@@ -83,33 +85,73 @@ def generate(
     return completions
 
 
+@dataclass(frozen=True)
+class Request:
+    """What generate() was asked, checked and in canonical form (see check_request)."""
+
+    prompts: list[str]
+    method: Method
+    sampling: Sampling
+    draft_length: DraftLength | None
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    batch_size: int
+    seed: int
+
+
+def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact", temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
+                  max_new_tokens: int = 128, stop: str | Sequence[str] = (), batch_size: int = 1, seed: int = 0
+                  ) -> Request:
+    """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
+    model loads): a ValueError names the argument, the value and what is accepted."""
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of strings, got {_show(prompts)}")
+    for number, prompt in enumerate(prompts, 1):
+        _check_text(f"prompt {number}", prompt)
+    if not isinstance(method, Method):
+        if not isinstance(method, str):
+            raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
+        method = Method.parse(method)
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {_show(value)}")
+    for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
+                             ("batch_size", batch_size, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+            raise ValueError(f"{name} must be an integer >= {low}, got {_show(value)}")
+    if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
+        raise ValueError(f"draft_length must be a number of drafts, a DraftLength or None, got {_show(draft_length)}")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    for number, text in enumerate(stop, 1):
+        _check_text(f"stop string {number}", text)
+    return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
+                   DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
+                   max_new_tokens, stop, batch_size, seed)
+
+
+def _check_text(name: str, text) -> None:
+    """A text input must be a non-empty string that UTF-8 can encode (a lone surrogate cannot)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string, got {_show(text)}")
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} holds {text[error.start:error.end]!r} at character {error.start}, which is not "
+                         "text (a lone surrogate); it cannot be encoded") from None
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
 def load_head(pair: Pair, directory: str | None = None) -> EnsembleHead:
     """A trained head for this pair, refused if it was trained for other models. None: the head that ships
     for the default pair (PRETRAINED_HEAD)."""
     return EnsembleHead.load(PRETRAINED_HEAD if directory is None else directory,
                              draft_hidden=pair.draft.hidden_size, target_hidden=pair.target.hidden_size,
                              draft_model=pair.draft_name, target_model=pair.target_name).to(pair.target.device)
-
-
-def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
-    """A stop function for the decoding loop: true once the decoded new text holds a stop string."""
-    return (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """The text before the first stop string."""
-    for s in stop:
-        text = text.split(s, 1)[0]
-    return text
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
-    """Token ids of a prompt, wrapped in the chat template as a user turn when chat is on (None: whenever
-    the tokenizer has a template)."""
-    if chat is None:
-        chat = tokenizer.chat_template is not None
-    if not chat:
-        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,4 +1,4 @@
-"""Closed forms for speculative decoding (ALGORITHM.md section 2): acceptance, bias, the Pareto front of
+"""Closed forms for speculative decoding (docs/algorithm.md section 2.6): acceptance, bias, the Pareto front of
 (rejection, bias), expected tokens per round, and the speed model."""
 
 from __future__ import annotations
@@ -8,16 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from diversed.verify import total_variation, verification_target
-
-
-def acceptance_probability(rule: str, p: Tensor, q: Tensor, **params: float | Tensor) -> Tensor:
-    """Probability that a draft x ~ q passes the rule's test at one position: sum_x q(x) min(1, pi(x)/q(x))
-    = sum_x min(q(x), pi(x)), i.e. 1 - TV(q, pi). For "lossy" the test is min(1, p/((1-l) q)).
-    p, q: [..., V]; params as for diversed.verify.verify. "typical" has no closed form."""
-    if rule == "lossy":
-        return torch.minimum(q, p / (1.0 - params["lenience"])).sum(-1)
-    return 1.0 - total_variation(q, verification_target(rule, p, q, **params))
+from diversed.verify import total_variation
 
 
 def ensemble_acceptance(p: Tensor, q: Tensor, weight: float | Tensor) -> Tensor:

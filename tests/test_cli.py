@@ -31,7 +31,7 @@ def models(tmp_path_factory):
 
 def run(args, capsys, stdin: str | None = None):
     if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
     try:
         code = main(args)
     finally:

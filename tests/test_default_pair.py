@@ -230,7 +230,8 @@ def test_llama_cpp_hidden_states_are_what_the_head_was_trained_on(llama_pair):
     the float32 model: close in direction (the GGUF's 4-bit blocks are dequantized the same way), and the
     packaged head gives nearly the same w on both."""
     from diversed.backends.hf import TransformersModel
-    from diversed.generation import encode_prompt, load_head
+    from diversed.generation import load_head
+    from diversed.text import encode_prompt
 
     ids = encode_prompt(llama_pair.tokenizer, "Write a Python function that reverses a string.")
     float32 = [TransformersModel(load_model(str(folder), dtype="float32")[1]) for folder in prepare_default_pair()]

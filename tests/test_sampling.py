@@ -2,7 +2,7 @@
 
 import torch
 
-from diversed.decoding.sampling import _BLOCK, draw
+from diversed.verify import _BLOCK, draw
 
 from test_verify import DRAWS, assert_distribution, random_dist
 

@@ -1,4 +1,4 @@
-"""Tests for diversed.theory: the closed forms of ALGORITHM.md section 2, checked against direct computation
+"""Tests for diversed.theory: the closed forms of docs/algorithm.md section 2.6, checked against direct computation
 and against simulation with diversed.verify (fixed seeds, so deterministic)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from diversed import theory
-from diversed.verify import verification_target, verify
+from diversed.verify import acceptance_probability, verification_target, verify
 
 SIGMAS = 5.0
 
@@ -52,7 +52,7 @@ def simulate(rule: str, q: Tensor, p: Tensor, *, batch: int, seed: int, **params
 @pytest.mark.parametrize("pair", PAIRS)
 def test_acceptance_probability_exact_is_one_minus_tv(pair):
     p, q = PAIRS[pair]
-    a = float(theory.acceptance_probability("exact", p, q))
+    a = float(acceptance_probability("exact", p, q))
     assert a == pytest.approx(1 - tv64(q, p), abs=1e-6)
     assert a == pytest.approx(float(torch.minimum(p.double(), q.double()).sum()), abs=1e-6)
 
@@ -62,7 +62,7 @@ def test_acceptance_probability_exact_is_one_minus_tv(pair):
 def test_acceptance_probability_static_is_one_minus_w_tv(pair, w):
     p, q = PAIRS[pair]
     expected = 1 - w * tv64(q, p)
-    assert float(theory.acceptance_probability("static", p, q, weight=w)) == pytest.approx(expected, abs=1e-6)
+    assert float(acceptance_probability("static", p, q, weight=w)) == pytest.approx(expected, abs=1e-6)
     assert float(theory.ensemble_acceptance(p, q, w)) == pytest.approx(expected, abs=1e-6)
     nu = w * p.double() + (1 - w) * q.double()
     assert expected == pytest.approx(1 - tv64(q, nu), abs=1e-6)  # = sum_x q min(1, nu/q)
@@ -72,7 +72,7 @@ def test_acceptance_probability_dynamic_uses_each_positions_weight():
     p = torch.stack([PAIRS["moderate"][0], PAIRS["similar"][0]])
     q = torch.stack([PAIRS["moderate"][1], PAIRS["similar"][1]])
     w = torch.tensor([0.3, 0.9])
-    got = theory.acceptance_probability("dynamic", p, q, weight=w)
+    got = acceptance_probability("dynamic", p, q, weight=w)
     expected = [1 - float(w[i]) * tv64(q[i], p[i]) for i in range(2)]
     assert got.tolist() == pytest.approx(expected, abs=1e-6)
 
@@ -83,17 +83,17 @@ def test_acceptance_probability_lossy(pair):
     values = []
     for lenience in (0.0, 0.2, 0.5, 0.9):
         direct = float((q.double() * torch.clamp(p.double() / ((1 - lenience) * q.double()), max=1.0)).sum())
-        got = float(theory.acceptance_probability("lossy", p, q, lenience=lenience))
+        got = float(acceptance_probability("lossy", p, q, lenience=lenience))
         assert got == pytest.approx(direct, abs=1e-6), f"lenience {lenience}"
         values.append(got)
-    assert values[0] == pytest.approx(float(theory.acceptance_probability("exact", p, q)), abs=1e-6)
+    assert values[0] == pytest.approx(float(acceptance_probability("exact", p, q)), abs=1e-6)
     assert values == sorted(values), "acceptance must not fall as lenience rises"
 
 
 def test_acceptance_probability_has_no_closed_form_for_typical():
     p, q = PAIRS["moderate"]
     with pytest.raises(ValueError, match="typical"):
-        theory.acceptance_probability("typical", p, q)
+        acceptance_probability("typical", p, q)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_pareto_front_points_lie_on_rejection_plus_bias_equals_tv(pair):
 def test_other_rules_do_not_cross_the_pareto_front(pair, rule, params):
     """Proposition 1: any verifier with x ~ q has rejection + bias >= TV(q, p)."""
     p, q = PAIRS[pair]
-    rejection = 1 - float(theory.acceptance_probability(rule, p, q, **params))
+    rejection = 1 - float(acceptance_probability(rule, p, q, **params))
     if rule == "lossy":
         kept = torch.minimum(q.double(), p.double() / (1 - params["lenience"]))
         residual = (p.double() - q.double()).clamp_min(0)
@@ -183,7 +183,7 @@ def test_expected_tokens_per_round_matches_simulation(n, rule, params, pair):
     p1, q1 = PAIRS[pair]
     q = q1.expand(n, -1)
     p = torch.cat([p1.expand(n, -1), random_dist(20, p1.numel(), 1.0).unsqueeze(0)])
-    a = float(theory.acceptance_probability(rule, p1, q1, **params))
+    a = float(acceptance_probability(rule, p1, q1, **params))
     assert 0.3 < a < 0.95, "acceptance should be far from 0 and 1 for a meaningful check"
     _, result = simulate(rule, q, p, batch=100_000, seed=300 + n, **params)
     tokens = (1 + result.num_accepted).double()
@@ -199,7 +199,7 @@ def test_expected_tokens_per_round_matches_simulation_with_position_dependent_ac
     p = torch.softmax(logits, -1)
     noise = torch.linspace(0.3, 2.0, n).unsqueeze(1) * torch.randn(n, vocab, generator=g)
     q = torch.softmax(logits[:n] + noise, -1)
-    accept = [float(theory.acceptance_probability("exact", p[i], q[i])) for i in range(n)]
+    accept = [float(acceptance_probability("exact", p[i], q[i])) for i in range(n)]
     assert max(accept) - min(accept) > 0.1, "positions should differ"
     _, result = simulate("exact", q, p, batch=100_000, seed=401)
     tokens = (1 + result.num_accepted).double()

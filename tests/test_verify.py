@@ -1,10 +1,10 @@
-"""Tests for diversed.verify: every verification rule against its closed form (ALGORITHM.md section 2).
+"""Tests for diversed.verify: every verification rule against its closed form (docs/algorithm.md section 2).
 
 The statistical tests draw B >= 200,000 independent rounds in ONE vectorised verify call (p, q expanded over
 the batch, drafts x ~ q from torch.multinomial under a seeded generator) and compare:
 - the distribution of the first emitted token (x_1 if it was kept, else the correction) with the rule's
   output distribution, within TV 0.01 and within 5 binomial standard deviations per token;
-- acceptance frequencies with 1 - TV(q, pi) (theory.acceptance_probability), within 5 standard deviations.
+- acceptance frequencies with 1 - TV(q, pi) (acceptance_probability), within 5 standard deviations.
 Every seed is fixed, so the suite is deterministic: a failure is a real disagreement, not a flake.
 """
 
@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import Tensor
 
-from diversed import theory
 from diversed.verify import (
     RULES,
     TYPICAL_DELTA,
     TYPICAL_EPSILON,
     Verification,
+    acceptance_probability,
     total_variation,
     verification_target,
     verify,
@@ -135,8 +135,8 @@ def lossy_output(p: Tensor, q: Tensor, lenience: float) -> Tensor:
 
 
 def reference_target(rule: str, p: Tensor, q: Tensor, params: dict) -> Tensor:
-    """The verification target pi [V] of ALGORITHM.md's table for one position, written out plainly in float64
-    (independent of diversed.verify.verification_target)."""
+    """The verification target pi [V] of the table of docs/algorithm.md section 2.1 for one position, written
+    out plainly in float64 (independent of diversed.verify.verification_target)."""
     p, q = p.double(), q.double()
     tv = 0.5 * float((p - q).abs().sum())
     if rule in ("exact", "lossy"):
@@ -270,9 +270,9 @@ def test_first_token_follows_rule_output_distribution(case: Case):
 @pytest.mark.parametrize("case", SINGLE_POSITION_CASES, ids=_case_id)
 def test_acceptance_frequency_matches_closed_form(case: Case):
     q, p, drafts, result = _single_position_run(case)
-    closed_form = float(theory.acceptance_probability(case.rule, p[0], q[0], **case.params))
+    closed_form = float(acceptance_probability(case.rule, p[0], q[0], **case.params))
     direct = expected_acceptance(case.rule, p[0], q[0], case.params)
-    assert closed_form == pytest.approx(direct, abs=1e-5), "theory.acceptance_probability disagrees"
+    assert closed_form == pytest.approx(direct, abs=1e-5), "acceptance_probability disagrees"
     if case.rule == "exact":
         assert direct == pytest.approx(1 - float(total_variation(q[0].double(), p[0].double())), abs=1e-6)
     if case.rule == "static":
@@ -348,7 +348,7 @@ def test_per_position_acceptance_matches_closed_form(name):
     n = q.shape[0]
     survival = 1.0
     for i in range(n):
-        a_i = float(theory.acceptance_probability(rule, p[i], q[i], **per_position[i]))
+        a_i = float(acceptance_probability(rule, p[i], q[i], **per_position[i]))
         assert a_i == pytest.approx(expected_acceptance(rule, p[i], q[i], per_position[i]), abs=1e-5)
         reached = result.num_accepted >= i
         assert_rate((result.num_accepted > i)[reached], a_i, f"{name}: acceptance at position {i} if reached")

@@ -210,6 +210,26 @@ class LlamaCppRows:
         self._lengths += [0] * count
 
 
+# Cheaper weights for a draft (llama.cpp's own quantizer): a draft's precision changes how often its tokens are
+# accepted, never what lossless verification writes.
+QUANTIZATIONS = {"Q3_K_S": llama.LLAMA_FTYPE_MOSTLY_Q3_K_S, "Q2_K": llama.LLAMA_FTYPE_MOSTLY_Q2_K}
+
+
+def requantize(source: Path, dest: Path, kind: str) -> Path:
+    """Write `source` GGUF requantized to `kind` (one of QUANTIZATIONS) as `dest`, which appears only once
+    complete (written beside it, then renamed)."""
+    if kind not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {tuple(QUANTIZATIONS)}, got {kind!r}")
+    params = llama.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = QUANTIZATIONS[kind], True, default_threads()
+    partial = dest.with_name(dest.name + ".partial")
+    if llama.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        partial.unlink(missing_ok=True)
+        raise ValueError(f"llama.cpp could not requantize {source} to {kind} (llama.cpp: {_last_log()})")
+    partial.replace(dest)
+    return dest
+
+
 def _outputs(get, context, rows: int, outputs: int, width: int) -> Tensor:
     """[rows, outputs, width] float32, copied out of the buffers llama.cpp owns (and overwrites at the next
     decode). Output by output: with embeddings on, llama_get_logits' base pointer is not the first output's

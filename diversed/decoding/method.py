@@ -8,9 +8,8 @@ from diversed.verify import RULES, check_parameters
 
 METHODS = ("auto", *RULES, "diversed")
 
-# The one parameter each method takes in the compact "name:value" syntax (e.g. "static:0.7").
-_PARAMETER = {"static": "weight", "lossy": "lenience", "cascade-chow": "alpha", "cascade-opt": "alpha",
-              "cascade-token": "alpha", "typical": "epsilon", "diversed": "head"}
+# The one parameter each method takes in the compact "name:value" syntax (e.g. "static:0.7"): its rule's first.
+_PARAMETER = {name: rule.parameters[0] for name, rule in RULES.items() if rule.parameters} | {"diversed": "head"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What a decoding run did, per sequence and in total (ALGORITHM.md section 5).
+"""What a decoding run did, per sequence and in total (docs/algorithm.md section 5).
 
 acceptance_rate = accepted draft tokens / drafted tokens.
 tau = new tokens / target forwards after the prompt (one per round; the correction or bonus token counts).

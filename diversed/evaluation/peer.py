@@ -16,8 +16,8 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from diversed.decoding.metrics import SequenceStats
 from diversed.decoding.sampling import Sampling
-from diversed.generation import stop_checker
 from diversed.models.loading import Pair
+from diversed.text import stop_checker
 
 
 @torch.inference_mode()

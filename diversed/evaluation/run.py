@@ -23,8 +23,9 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
-from diversed.generation import cut_at_stop, encode_prompt, generate, load_head
+from diversed.generation import generate, load_head
 from diversed.models.loading import Pair
+from diversed.text import cut_at_stop, encode_prompt
 
 PEERS = ("hf-exact", "hf-static", "hf-default")
 CONFIG_FILE, RESULTS_FILE = "eval_config.json", "results.jsonl"

@@ -1,4 +1,4 @@
-"""Training the weight head: PPO-style updates on stored rollouts, plus an acceptance reward (ALGORITHM.md
+"""Training the weight head: PPO-style updates on stored rollouts, plus an acceptance reward (docs/algorithm.md
 section 4).
 
 One step:
@@ -22,6 +22,7 @@ stored rollouts, so no rollout is sampled twice and no update applied twice.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -40,11 +41,11 @@ from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.generation import cut_at_stop, encode_prompt, stop_checker
 from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig
 from diversed.head.ppo import ppo_terms, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, leave_one_out
 from diversed.models.loading import Pair
+from diversed.text import cut_at_stop, encode_prompt, stop_checker
 from diversed.verify import total_variation
 
 
@@ -99,6 +100,10 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("lam", "temperature", "lr", "weight_decay", "grad_clip", "clip", "initial_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{'lambda' if name == 'lam' else name} must be a finite number, got "
+                                 f"{getattr(self, name)}")
         if not self.lam >= 0:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
         for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
@@ -127,6 +132,7 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
 
     With resume=True, continue from the last checkpoint in out_dir (the same config is required)."""
     out_dir = Path(out_dir)
+    check_run_folder(out_dir, config, resume)
     examples = task.examples("train", limit=config.limit)
     if not examples:
         raise ValueError(f"task {task.name!r} has no training examples")
@@ -279,11 +285,38 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
     return h_draft, h_target, p_y, q_y, total_variation(q, p), mask.to(device), (scored & mask).to(device)
 
 
+def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> None:
+    """Refuse, before any model loads or anything is written, an out_dir that cannot take this run: one that
+    is (or lies under) a file, one that holds a run when resume is False, one with nothing to resume or a
+    run of another config when resume is True."""
+    out_dir = Path(out_dir)
+    for path in (out_dir, *out_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ValueError(f"cannot write the training run to {out_dir}: {path} is a file, not a folder")
+            break
+    if not resume:
+        if any((out_dir / n).exists() for n in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE, ROLLOUTS)):
+            raise ValueError(f"{out_dir} already holds a training run: pass resume=True (--resume) or another --out")
+        return
+    folder = _checkpoint_folder(out_dir)
+    if folder is None:
+        raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
+    saved = json.loads((folder / STATE_FILE).read_text())["config"]
+    if saved != asdict(config):
+        changed = sorted(k for k in saved.keys() | asdict(config).keys() if saved.get(k) != asdict(config).get(k))
+        raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
+
+
+def _checkpoint_folder(out_dir: Path) -> Path | None:
+    """The last complete checkpoint (checkpoint, or checkpoint.old during a swap), if any."""
+    return next((out_dir / n for n in (CHECKPOINT, CHECKPOINT + ".old") if (out_dir / n / STATE_FILE).exists()),
+                None)
+
+
 def _start(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, config: TrainConfig) -> int:
     """Begin a run in an empty out_dir with a checkpoint of step 0: a run killed before its first regular
     checkpoint then resumes too, from its stored rollouts, and under the same config only."""
-    if any((out_dir / name).exists() for name in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE, ROLLOUTS)):
-        raise ValueError(f"{out_dir} already holds a training run: pass resume=True (--resume) or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
     _checkpoint(out_dir, head, optimizer, 0, config)
     return 0
@@ -316,15 +349,8 @@ def _checkpoint(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimi
 
 
 def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, config: TrainConfig) -> int:
-    folder = next((out_dir / n for n in (CHECKPOINT, CHECKPOINT + ".old") if (out_dir / n / STATE_FILE).exists()),
-                  None)
-    if folder is None:
-        raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
+    folder = _checkpoint_folder(out_dir)  # check_run_folder made sure there is one, of this config
     state = json.loads((folder / STATE_FILE).read_text())
-    if state["config"] != asdict(config):
-        changed = sorted(k for k in state["config"].keys() | asdict(config).keys()
-                         if state["config"].get(k) != asdict(config).get(k))
-        raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
     head.load_state_dict(EnsembleHead.load(folder).state_dict())
     per_param: dict[int, dict] = {}
     for key, value in load_file(folder / OPTIMIZER_FILE).items():

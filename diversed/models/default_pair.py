@@ -128,6 +128,18 @@ def default_gguf(spec: DefaultModel, *, progress: bool = True) -> Path:
     return assemble_gguf(spec, path, progress=progress)
 
 
+def default_draft_gguf(quantization: str | None = None, *, progress: bool = True) -> Path:
+    """The default draft's GGUF (Q4_K_M), or a copy requantized by llama.cpp to `quantization` ("Q3_K_S",
+    "Q2_K"; made once, about 20 s): a cheaper draft step for the llama.cpp backend."""
+    source = default_gguf(DEFAULT_DRAFT, progress=progress)
+    if quantization is None:
+        return source
+    from diversed.backends.llama_cpp import requantize
+
+    dest = cache_dir() / f"{DEFAULT_DRAFT.name}-{quantization}.gguf"
+    return dest if dest.is_file() else requantize(source, dest, quantization)
+
+
 def prepare_default_model(spec: DefaultModel, *, progress: bool = True) -> Path:
     """Return `cache_dir()/spec.name`, a float32 safetensors folder for `spec`, converting the GGUF once
     (1.5-2 minutes per model on 2 cores); later calls only return the path."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from diversed.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     cache_dir,
-    default_gguf_pair,
+    default_draft_gguf,
+    default_gguf,
     prepare_default_pair,
 )
 from diversed.models.gguf import convert_gguf
@@ -62,12 +64,13 @@ def default_backend(device: str = "cpu", draft: str | None = None, target: str |
 
 def load_pair(draft: str | None = None, target: str | None = None, *, backend: str | None = None,
               dtype: str = "float16", device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
-              draft_int8: bool = True, threads: int | None = None) -> Pair:
+              draft_int8: bool = True, threads: int | None = None, draft_quant: str | None = None) -> Pair:
     """Load a draft and a target on a backend: "llama.cpp" (.gguf files, run as they are quantized) or
     "transformers" (hub ids, local folders or .gguf files, converted once); None picks default_backend's.
     The built-in default pair (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
 
-    llama.cpp: threads, for both models (default: the machine's cores). The options below are the
+    llama.cpp: threads, for both models (default: the machine's cores); draft_quant: the default pair's draft
+    requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once). The options below are the
     transformers backend's, refused on llama.cpp where they would change nothing.
     transformers: dtype: "float16" (default; on a
     CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
@@ -80,15 +83,14 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
 
     Raises ValueError if only one is named, if their tokenizers differ, or for options the backend lacks.
     """
-    backend = default_backend(device, draft, target) if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if (draft is None) != (target is None):
-        raise ValueError("name both --draft and --target, or neither for the built-in default pair")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    backend = check_load_options(draft, target, backend=backend, dtype=dtype, device=device,
+                                 draft_vocab=draft_vocab, threads=threads, draft_quant=draft_quant)
     if backend == "llama.cpp":
-        return _load_llama_cpp_pair(draft, target, device=device, draft_vocab=draft_vocab, threads=threads)
+        return _load_llama_cpp_pair(draft, target, device=device, draft_vocab=draft_vocab, threads=threads,
+                                    draft_quant=draft_quant)
+    if draft_quant is not None:
+        raise ValueError("draft_quant (--draft-quant) requantizes the default pair's GGUF draft for the llama.cpp "
+                         "backend; on transformers use --draft-int8")
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
@@ -101,16 +103,70 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
                 draft_name, target_name)
 
 
+def check_load_options(draft: str | None, target: str | None, *, backend: str | None = None,
+                       dtype: str = "float16", device: str = "cpu", draft_vocab: int | None = None,
+                       threads: int | None = None, draft_quant: str | None = None) -> str:
+    """Check load_pair's arguments before anything loads; return the backend to use. A ValueError (or
+    FileNotFoundError) names the argument, the value and what is accepted."""
+    if (draft is None) != (target is None):
+        raise ValueError("name both --draft and --target, or neither for the built-in default pair")
+    for role, name in (("draft", draft), ("target", target)):
+        if name is not None:
+            check_model_name(role, name)
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU that torch can use")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device!r}: this machine has no Apple GPU that torch can use")
+    backend = default_backend(device, draft, target) if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    for name, value in (("draft_vocab", draft_vocab), ("threads", threads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if draft_quant is not None and draft_quant not in QUANTIZATIONS:
+        raise ValueError(f"draft_quant must be one of {QUANTIZATIONS}, got {draft_quant!r}")
+    return backend
+
+
+# llama.cpp's requantizations of the default draft (diversed.backends.llama_cpp.QUANTIZATIONS has the types).
+QUANTIZATIONS = ("Q3_K_S", "Q2_K")
+# What a Hugging Face hub id looks like: "name" or "owner/name".
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def check_model_name(role: str, name: str) -> None:
+    """A model is an existing folder or .gguf file, or a hub id; anything else is a path that is missing."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"--{role} must name a folder, a .gguf file or a hub id, got {name!r}")
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name):
+        if not path.exists():
+            raise FileNotFoundError(f"--{role} {name!r}: no such file or folder")
+        if path.suffix == ".gguf" and not path.is_file():
+            raise ValueError(f"--{role} {name!r} is a folder, not a .gguf file")
+        if path.suffix != ".gguf" and not path.is_dir():
+            raise ValueError(f"--{role} {name!r} is a file: name a model folder, a .gguf file or a hub id")
+
+
 def _load_llama_cpp_pair(draft: str | None, target: str | None, *, device: str, draft_vocab: int | None,
-                         threads: int | None) -> Pair:
+                         threads: int | None, draft_quant: str | None) -> Pair:
     from diversed.backends.llama_cpp import LlamaCppModel
 
     if torch.device(device).type != "cpu":
         raise ValueError(f"the llama.cpp backend runs on the CPU here, not on {device!r}; use --backend transformers")
     if draft_vocab is not None:
         raise ValueError("--draft-vocab is a transformers-backend option; the llama.cpp backend runs the GGUF as is")
+    if draft_quant is not None and draft is not None:
+        raise ValueError("draft_quant (--draft-quant) applies to the built-in pair; quantize your own draft with "
+                         "llama.cpp's llama-quantize")
     if draft is None:
-        paths = default_gguf_pair()
+        paths = (default_draft_gguf(draft_quant), default_gguf(DEFAULT_TARGET))
         names = (DEFAULT_DRAFT.name, DEFAULT_TARGET.name)
         # The converted folders hold the same tokenizer and load it in a second; the GGUF takes longer.
         folders = [cache_dir() / name for name in names]
@@ -158,10 +214,15 @@ def load_model(name: str, *, dtype: str = "float16", device: str = "cpu", onednn
         key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         name = str(convert_gguf(path, cache_dir() / "gguf" / f"{path.stem}-{digest}"))
-    tokenizer = AutoTokenizer.from_pretrained(name)
     on_cpu = torch.device(device).type == "cpu"
     cpu_float16 = dtype == "float16" and on_cpu
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if cpu_float16 else DTYPES[dtype])
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32 if cpu_float16 else DTYPES[dtype])
+    except Exception as error:  # transformers, safetensors and the hub client each raise their own types
+        where = "the folder" if Path(name).is_dir() else "the Hugging Face hub (offline?)"
+        raise ValueError(f"cannot load the model {name!r} from {where}: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
     model = model.to(device).eval()
     model.requires_grad_(False)
     if vocab is not None:

@@ -1,4 +1,4 @@
-"""Task rewards R(y) (ALGORITHM.md section 4): unit tests for code, the final number for math, ROUGE-2 for
+"""Task rewards R(y) (docs/algorithm.md section 4.3): unit tests for code, the final number for math, ROUGE-2 for
 summaries. Each maps a completion to a float in [0, 1]."""
 
 from __future__ import annotations
