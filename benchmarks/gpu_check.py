@@ -13,11 +13,11 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from diversed.backends.hf import TransformersModel
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.decoding.state import ModelState
 from diversed.head.model import EnsembleHead, HeadConfig
 
 DEVICE = "cuda"
@@ -69,18 +69,17 @@ def costs(dtype: torch.dtype) -> dict[str, float]:
     prompt = torch.randint(0, 151936, (1, 200), device=DEVICE)
     result = {}
     for name, width in (("draft", 1), ("target", 1), ("target", 6)):
-        state = ModelState.empty(pair[name], 1)
-        state.feed(prompt, torch.ones_like(prompt, dtype=torch.bool), 200)
-        tokens = prompt[:, :width]
-        real = torch.ones_like(tokens, dtype=torch.bool)
+        state = TransformersModel(pair[name]).rows(1)
+        state.feed(prompt.tolist(), 1)
+        tokens = prompt[0, :width].tolist()
         times = []
         for _ in range(23):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            state.feed(tokens, real, 0)
+            state.feed([tokens], width)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-            state.keep(~real)
+            state.truncate([200])
         result[f"{name} x{width}"] = 1e3 * statistics.median(times[3:])
     return result
 

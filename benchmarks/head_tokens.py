@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    pair = load_pair()
+    pair = load_pair(backend="transformers")
     head = load_head(pair, args.head)
     task = get_task(args.task)
     examples = task.examples("test", limit=args.prompts)

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from diversed.decoding.state import ModelState
 
+from diversed.backends.hf import TransformersRows
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
@@ -41,15 +41,15 @@ class ForwardTimer:
 
 
 def plain_feed(feed: Callable) -> Callable:
-    """ModelState.feed that calls the model without position ids and mask when no slot is a hole."""
+    """TransformersRows.feed that calls the model without position ids and mask when no slot is a hole."""
 
-    def fed(state: ModelState, tokens, valid, logits_from):
-        if not (state.valid.all() and valid.all()):
-            return feed(state, tokens, valid, logits_from)
-        state.valid = torch.cat([state.valid, valid], dim=-1)
-        hidden = state.model.base_model(input_ids=tokens, past_key_values=state.cache,
-                                        use_cache=True).last_hidden_state[:, logits_from:]
-        return hidden, state.model.get_output_embeddings()(hidden).float()
+    def fed(rows: TransformersRows, tokens, outputs, hidden=False):
+        if not rows.valid.all() or len({len(t) for t in tokens}) > 1:
+            return feed(rows, tokens, outputs, hidden)
+        ids = torch.tensor([list(t) for t in tokens], device=rows.valid.device)
+        rows.valid = torch.cat([rows.valid, torch.ones_like(ids, dtype=torch.bool)], dim=-1)
+        last = rows.model.base_model(input_ids=ids, cache=rows.cache, use_cache=True).last_hidden_state[:, -outputs:]
+        return last, rows.model.get_output_embeddings()(last).float()
 
     return fed
 
@@ -62,19 +62,20 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    pair: Pair = load_pair()
+    pair: Pair = load_pair(backend="transformers")
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in load_humaneval("test")[:args.prompts]]
-    timers = {"target": ForwardTimer(pair.target.base_model), "draft": ForwardTimer(pair.draft.base_model)}
-    greedy, ours_feed = Sampling(0.0), ModelState.feed
+    timers = {"target": ForwardTimer(pair.target.model.base_model),
+              "draft": ForwardTimer(pair.draft.model.base_model)}
+    greedy, ours_feed = Sampling(0.0), TransformersRows.feed
 
     def ours(prompt: list[int], feed: Callable) -> list[int]:
-        ModelState.feed = feed
+        TransformersRows.feed = feed
         try:
             return decode(pair.target, [prompt], draft=pair.draft, method=Method("exact"), sampling=greedy,
                           draft_length=args.draft_len, max_new_tokens=args.max_new_tokens,
                           eos_token_ids=pair.eos_token_ids).tokens[0]
         finally:
-            ModelState.feed = ours_feed
+            TransformersRows.feed = ours_feed
 
     variants = {"ours": lambda p: ours(p, ours_feed), "plain": lambda p: ours(p, plain_feed(ours_feed)),
                 "transformers": lambda p: assisted_generate(pair, p, greedy, draft_len=args.draft_len,

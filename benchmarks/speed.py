@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from diversed.decoding.state import ModelState
 
+from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import summarize
@@ -105,9 +105,8 @@ def forward_costs(pair: Pair, prompt: list[int], draft_lens: list[int], repeats:
     states = {"draft": _prefilled(pair.draft, cached), "target": _prefilled(pair.target, cached)}
 
     def step(role: str, width: int):
-        tokens = torch.tensor([prompt[-width:]])
-        real = torch.ones_like(tokens, dtype=torch.bool)
-        return lambda: (states[role].feed(tokens, real, 0), states[role].keep(~real))
+        held = len(cached)
+        return lambda: (states[role].feed([prompt[-width:]], width), states[role].truncate([held]))
 
     calls = {"draft_step": step("draft", 1), "target_step": step("target", 1)}
     calls |= {f"verify_{n + 1}": step("target", n + 1) for n in draft_lens}
@@ -126,11 +125,10 @@ def _interleaved_timings(calls: dict, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def _prefilled(model, prompt: list[int]) -> ModelState:
-    state = ModelState.empty(model, 1)
-    ids = torch.tensor([prompt])
-    state.feed(ids, torch.ones_like(ids, dtype=torch.bool), len(prompt))
-    return state
+def _prefilled(model: Model, prompt: list[int]) -> Rows:
+    rows = model.rows(1)
+    rows.feed([prompt], 1)
+    return rows
 
 
 def _seconds(fn) -> float:
@@ -277,7 +275,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write all rows and costs as JSON here")
     args = parser.parse_args()
 
-    pair = load_pair(args.draft, args.target, dtype=args.dtype, draft_int8=args.draft_int8)
+    pair = load_pair(args.draft, args.target, backend="transformers", dtype=args.dtype, draft_int8=args.draft_int8)
     pairs = {None: pair}
     if args.draft_vocab:
         # Only the draft differs: load it a second time, restricted, and share the target.

@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--batch-size", type=int, default=1,
+                    help="examples decoded together per method (on llama.cpp 4 raise throughput about 1.6x)")
     _add_sandbox_option(ev)
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
@@ -149,6 +151,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.head is not None and args.method != "diversed":
         raise ValueError("--head is for --method diversed")
     method = Method.parse(f"diversed:{args.head}" if args.head is not None else args.method)
+    if method.name == "dynamic":
+        raise ValueError("method 'dynamic' takes its weights from a Python weight function; on the command line "
+                         "use --method diversed (a trained head)")
     if args.delta is not None:
         method = replace(method, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
@@ -207,7 +212,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from diversed.evaluation.report import markdown_table
-    from diversed.evaluation.run import EvalConfig, evaluate, parse_methods
+    from diversed.evaluation.run import EvalConfig, check_out_dir, evaluate, parse_methods
     from diversed.tasks import get_task
 
     _sandbox(args)
@@ -218,7 +223,9 @@ def _eval(args: argparse.Namespace) -> int:
                         draft_confidence=args.draft_confidence,
                         max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
                         split=args.split, limit=args.limit, seed=args.seed, dtype=args.dtype,
-                        draft_int8=args.draft_int8, backend=_check_load_options(args))
+                        draft_int8=args.draft_int8, backend=_check_load_options(args), batch_size=args.batch_size)
+    task.examples(config.split, limit=config.limit)  # the task refuses a split it does not have
+    check_out_dir(args.out, args.resume)
     _init_distributed(args)
     pair = _load(args)
     config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)

@@ -249,8 +249,11 @@ def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requeste
     spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
                   max_new_tokens=30)
     assert spec.tokens == plain.tokens
-    # These tiny draft and target cost about the same per step, so the speed model leaves N = 2 (for N = 1).
-    assert requested[0] == 2 and len(set(requested)) > 1 and max(requested) <= 16
+    # The first round drafts the length asked for; then the speed model chooses: other lengths, or rounds of
+    # the target alone (these tiny draft and target cost about the same per step).
+    drafted_rounds = len(requested)
+    assert requested[0] == 2 and max(requested) <= 16
+    assert len(set(requested)) > 1 or drafted_rounds < max(s.target_forwards for s in spec.stats)
 
 
 @pytest.mark.parametrize("method", [Method("auto"), Method("exact"), Method("dynamic")])

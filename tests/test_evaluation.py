@@ -82,7 +82,7 @@ def test_plots_are_written(complete):
 
 def test_resume_after_a_kill_gives_the_same_results(complete, pair, task, tmp_path, monkeypatch):
     out_complete, summaries = complete
-    original, calls = run._run_one, {"n": 0}
+    original, calls = run._run_batch, {"n": 0}
 
     def dies_after_ten(*args, **kwargs):
         calls["n"] += 1
@@ -90,12 +90,12 @@ def test_resume_after_a_kill_gives_the_same_results(complete, pair, task, tmp_pa
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(run, "_run_one", dies_after_ten)
+    monkeypatch.setattr(run, "_run_batch", dies_after_ten)
     with pytest.raises(KeyboardInterrupt):
         evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
     with open(tmp_path / RESULTS_FILE, "a") as f:
         f.write('{"example": "toy/5", "meth')  # a line cut off mid-write by the kill
-    monkeypatch.setattr(run, "_run_one", original)
+    monkeypatch.setattr(run, "_run_batch", original)
     with pytest.raises(ValueError, match="--resume"):
         evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
     resumed = evaluate(pair, task, METHODS, CONFIG, tmp_path, resume=True, progress=False)
@@ -260,3 +260,11 @@ def test_paired_comparisons_with_bootstrap_intervals(complete):
     # w = 0.2 keeps far more drafts than exact: its rejection rate is a fraction of exact's.
     assert static["rejection_vs_exact_low"] <= static["rejection_vs_exact"] <= static["rejection_vs_exact_high"] < 1
     assert summarize_results(results, METHODS) == summaries  # the fixed seed makes the intervals repeatable
+
+
+def test_batched_evaluation_runs_every_method_on_every_example(pair, task, tmp_path):
+    config = replace(CONFIG, batch_size=3)
+    summaries = evaluate(pair, task, METHODS, config, tmp_path, progress=False)
+    results = rows(tmp_path)
+    assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
+    assert len(results) == 7 * len(METHODS) and [s["method"] for s in summaries] == METHODS

@@ -7,12 +7,16 @@ from diversed.decoding.schedule import DraftLength, SpeedModel
 from diversed.theory import expected_tokens_per_round
 
 
-def observed(kept_of_five: list[int], step: float, verify: dict[int, float]) -> SpeedModel:
-    """A speed model after rounds of 5 drafts (kept counts given) with these draft-step and verify times."""
+def observed(kept_of_five: list[int], step: float, verify: dict[int, float], plain: float | None = None
+             ) -> SpeedModel:
+    """A speed model after rounds of 5 drafts (kept counts given) with these draft-step and verify times, and
+    a step of the target alone timed at `plain` if given."""
     model = SpeedModel(maximum=16, decay=1.0, prior_drafts=0.0)
     for i, kept in enumerate(kept_of_five):
         k = list(verify)[i % len(verify)]
         model.observe([kept], [5], 5, 5 * step, k, verify[k])
+    if plain is not None:
+        model.observe_plain(plain)
     return model
 
 
@@ -27,14 +31,14 @@ def test_verify_times_per_width_and_acceptance_are_recovered_from_rounds():
 
 def test_a_width_that_costs_more_than_the_line_says_is_avoided():
     """llama.cpp on 2 cores: a pass over 8 tokens costs far more than the line through 4 and 12 suggests."""
-    model = observed([5] * 8, step=0.02, verify={4: 0.135, 8: 0.333, 12: 0.39})
+    model = observed([5] * 8, step=0.01, verify={4: 0.135, 8: 0.333, 12: 0.39}, plain=0.06)
     assert model.verify_time(8) == pytest.approx(0.333)
-    assert model.best_length() != 7
+    assert model.best_length() not in (0, 7)
 
 
 def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_the_target_alone():
-    cheap = observed([5] * 19 + [4], step=0.01, verify={6: 0.3, 3: 0.27})
-    costly = observed([0, 1, 0, 0], step=0.2, verify={6: 0.3, 3: 0.27})
+    cheap = observed([5] * 19 + [4], step=0.01, verify={6: 0.3, 3: 0.27}, plain=0.25)
+    costly = observed([0, 1, 0, 0], step=0.2, verify={6: 0.3, 3: 0.27}, plain=0.25)
     assert cheap.best_length() >= 10 and costly.best_length() == 0
     assert cheap.best_length() == max(range(0, 17), key=cheap.tokens_per_second)
 
@@ -50,8 +54,29 @@ def test_the_target_alone_probes_drafting_again_every_few_rounds():
     for _ in range(3):
         model.observe_plain(0.057)
     assert model.best_length() >= 1  # the probe
-    model.observe([3], [3], 3, 0.066, 4, 0.135)
-    assert model.plain_rounds == 0
+    model.observe([0], [3], 3, 0.066, 4, 0.135)  # the probe's drafts were rejected
+    assert model.plain_rounds == 0 and model.best_length() == 0
+    for _ in range(4):
+        model.observe_plain(0.057)
+    assert model.best_length() == 0  # the probe did not pay: the next one waits twice as long
+    for _ in range(4):
+        model.observe_plain(0.057)
+    assert model.best_length() >= 1
+
+
+def test_a_step_of_the_target_alone_is_timed_before_the_extrapolation_is_trusted():
+    model = observed([5, 5], step=0.01, verify={3: 0.1})
+    assert model.best_length() == 0 and 1 not in model.width
+
+
+def test_no_probe_where_even_drafts_all_kept_would_be_slower():
+    """A verify pass costing a step per token and a costly draft: no acceptance can make drafting pay."""
+    model = SpeedModel(maximum=8, decay=1.0, prior_drafts=0.0, probe_every=2)
+    model.observe([1], [1], 1, 0.03, 2, 0.08)
+    model.observe([2], [2], 2, 0.06, 3, 0.12)
+    for _ in range(10):
+        model.observe_plain(0.04)
+        assert model.best_length() == 0
 
 
 def test_a_single_verify_length_is_taken_as_flat_and_the_prior_keeps_acceptance_below_one():

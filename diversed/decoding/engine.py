@@ -91,8 +91,12 @@ def decode(
     if method.name == "auto":
         _plain_loop(run, target.rows(len(prompts)), pending, sampling, generator, clock)
     else:
+        speed = (SpeedModel.for_models((id(target), id(draft), len(prompts)), draft_length.maximum)
+                 if draft_length.schedule == "auto" else None)
         _speculative_loop(run, target.rows(len(prompts)), draft.rows(len(prompts)), pending, method, sampling,
-                          draft_length, weight_fn, generator, clock)
+                          draft_length, speed, weight_fn, generator, clock)
+        if speed is not None:
+            speed.remember((id(target), id(draft), len(prompts)))
     return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start, clock.report())
 
 
@@ -212,10 +216,11 @@ def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, meth
 
 
 def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[int]], method: Method,
-                      sampling: Sampling, draft_length: DraftLength, weight_fn: WeightFn | None,
-                      generator: torch.Generator, clock: PhaseClock) -> None:
-    n = draft_length.initial
-    speed = SpeedModel(draft_length.maximum) if draft_length.schedule == "auto" else None
+                      sampling: Sampling, draft_length: DraftLength, speed: SpeedModel | None,
+                      weight_fn: WeightFn | None, generator: torch.Generator, clock: PhaseClock) -> None:
+    # With costs known from an earlier call, the auto schedule chooses even the first round (the target
+    # alone included: the draft then never reads the prompt unless drafting pays).
+    n = speed.best_length() if speed is not None and speed.timed else draft_length.initial
     pending = _Pending(prompts, prompts)
     while run.rows:
         clock.rounds += 1
@@ -228,9 +233,11 @@ def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[i
             for row, t in enumerate(token):
                 run.stats[run.rows[row]].target_forwards += 1
                 finished.append(run.emit(row, [t]))
-            speed.observe_plain(clock.seconds["target forward"] - before["target forward"])
+            if clock.rounds > 1:  # the first round's forward is the prompt's: not a step's cost
+                speed.observe_plain(clock.seconds["target forward"] - before["target forward"])
             n = speed.best_length()
         else:
+            catching_up = max(map(len, pending.draft)) > 2  # the draft missed target-alone steps' tokens
             # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
             needed = run.max_new_tokens - min(len(run.tokens[i]) for i in run.rows)
             drafts, out, lengths = speculative_round(target, draft, pending, min(n, max(needed - 1, 1)), method,
@@ -246,8 +253,8 @@ def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[i
                 n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is no verdict
             elif clock.rounds > 1:  # the first round's forwards include the prompt: not a round's cost
                 spent = {phase: clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
-                speed.observe(kept_counts, drafted_counts, n_round, spent["draft forward"], n_round + 1,
-                              spent["target forward"])
+                speed.observe(kept_counts, drafted_counts, n_round, None if catching_up else spent["draft forward"],
+                              n_round + 1, spent["target forward"])
                 n = speed.best_length()
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target, draft)

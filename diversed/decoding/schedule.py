@@ -75,10 +75,12 @@ class SpeedModel:
     geometric runs: kept drafts / (kept drafts + rejections), starting from `prior_drafts` pseudo-drafts at
     `prior_acceptance`.
 
-    A width never timed is read off the least-squares line through the timed ones, or, with one width
+    A width never timed is read off the least-squares line through the timed ones (below the shortest timed
+    width too: a step of the target alone is often never timed before it is chosen), or, with one width
     timed, taken as that width's time: optimistic for long rounds, so the next round is long, which times a
-    second width. When the target alone is predicted fastest, every `probe_every`-th round drafts anyway (the
-    best N >= 1), so that acceptance keeps being measured and speculation resumes when it pays again.
+    second width. When the target alone is predicted fastest, a round after `probe_every` of them drafts
+    anyway (the best N >= 1), so that acceptance keeps being measured and speculation resumes when it pays
+    again; each probe that changes nothing doubles the wait for the next.
     """
 
     def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0,
@@ -88,15 +90,42 @@ class SpeedModel:
         self.draft_time = self.draft_steps = 0.0
         self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
         self.plain_rounds = 0  # rounds of the target alone since the last drafted round
+        self.probe_interval = probe_every  # plain rounds before the next probe
 
-    def observe(self, kept: list[int], drafted: list[int], draft_steps: int, draft_seconds: float,
+    # Costs measured by earlier calls in this process, per (target, draft, rows): a later call starts from them.
+    _remembered: dict[tuple, tuple[dict[int, list[float]], float, float]] = {}
+
+    @classmethod
+    def for_models(cls, key: tuple, maximum: int) -> SpeedModel:
+        """A speed model whose costs start from what earlier calls with the same key measured (each width
+        and the draft step weighing as one observation, so this call's own soon dominate)."""
+        model = cls(maximum)
+        if key in cls._remembered:
+            widths, draft_time, draft_steps = cls._remembered[key]
+            model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items()}
+            model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
+        return model
+
+    def remember(self, key: tuple) -> None:
+        """Keep this call's costs for the next call with the same key."""
+        if self.draft_steps and self.width:
+            self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the costs are known well enough to choose the first round's length."""
+        return 1 in self.width and len(self.width) >= 2 and self.draft_steps > 0
+
+    def observe(self, kept: list[int], drafted: list[int], draft_steps: int, draft_seconds: float | None,
                 verify_tokens: int, verify_seconds: float) -> None:
         """Record one round: per-sequence kept and drafted counts, the draft forwards and their total time,
         and the target pass's length (tokens per sequence) and time."""
         g = self.decay
         self.kept = g * self.kept + sum(kept)
         self.rejections = g * self.rejections + sum(k < d for k, d in zip(kept, drafted, strict=True))
-        self.draft_time, self.draft_steps = g * self.draft_time + draft_seconds, g * self.draft_steps + draft_steps
+        if draft_seconds is not None:  # None: the draft also caught up on tokens it missed (not a step's cost)
+            self.draft_time = g * self.draft_time + draft_seconds
+            self.draft_steps = g * self.draft_steps + draft_steps
         self._time(verify_tokens, verify_seconds)
         self.plain_rounds = 0
 
@@ -127,19 +156,34 @@ class SpeedModel:
         mean_k = sum(w for w, _ in points) / len(points)
         mean_t = sum(t for _, t in points) / len(points)
         slope = (sum((w - mean_k) * (t - mean_t) for w, t in points) / sum((w - mean_k) ** 2 for w, _ in points))
-        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(t for _, t in points))
+        # Below the shortest timed width the line may reach 0 (a compute-bound pass): the floor only keeps the
+        # prediction positive; a width so predicted cheap gets chosen, and timed, at once.
+        return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-3 * min(t for _, t in points))
 
-    def tokens_per_second(self, n: int) -> float:
-        """Predicted tokens per second (per sequence) of a round of n drafts; n = 0 is the target alone."""
+    def tokens_per_second(self, n: int, acceptance: float | None = None) -> float:
+        """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
+        at `acceptance`); n = 0 is the target alone."""
         if n == 0:
             return 1.0 / self.verify_time(1)
         step = self.draft_time / self.draft_steps
-        return expected_tokens_per_round([self.acceptance] * n) / (n * step + self.verify_time(n + 1))
+        a = self.acceptance if acceptance is None else acceptance
+        return expected_tokens_per_round([a] * n) / (n * step + self.verify_time(n + 1))
 
     def best_length(self) -> int:
         """The draft length with the most predicted tokens per second (0: the target alone), but a probe
-        round of drafts after `probe_every` rounds of the target alone."""
+        round of drafts after `probe_every` rounds of the target alone; each probe that does not make
+        drafting pay doubles the wait for the next (a probe costs the draft's catch-up on every token it
+        missed, which on a CPU is most of a target step per few tokens)."""
+        if 1 not in self.width:  # time a step of the target alone once, rather than extrapolate it
+            return 0
         drafted = max(range(1, self.maximum + 1), key=self.tokens_per_second)
-        if self.plain_rounds >= self.probe_every or self.tokens_per_second(drafted) >= self.tokens_per_second(0):
+        if self.tokens_per_second(drafted) >= self.tokens_per_second(0):
+            self.probe_interval = self.probe_every
+            return drafted
+        # A probe can only help where acceptance is what holds drafting back: not where even drafts that are
+        # all kept would be slower than the target alone (a CPU whose verify pass costs a step per token).
+        ceiling = max(self.tokens_per_second(n, acceptance=1.0) for n in range(1, self.maximum + 1))
+        if self.plain_rounds >= self.probe_interval and ceiling > self.tokens_per_second(0):
+            self.probe_interval = min(2 * self.probe_interval, 1024)
             return drafted
         return 0

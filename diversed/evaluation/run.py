@@ -49,6 +49,7 @@ class EvalConfig:
     dtype: str = ""
     draft_int8: bool = False  # asked for; it applies to float32 and float16 CPU drafts
     backend: str = ""
+    batch_size: int = 1  # examples decoded together per method (peers always run one at a time)
 
     def __post_init__(self) -> None:
         Sampling(self.temperature)  # its own checks: >= 0, not NaN
@@ -59,6 +60,10 @@ class EvalConfig:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1 (or None for the whole split), got {self.limit}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
 
     @property
     def drafting(self) -> DraftLength:
@@ -79,8 +84,9 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
                 weight = -1.0
             if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
                 raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
-        else:
-            Method.parse(label)
+        elif Method.parse(label).name == "dynamic":
+            raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as "
+                             "diversed:DIR")
     if len(set(labels)) != len(labels):
         raise ValueError(f"a method is listed twice in {labels}")
     return labels
@@ -94,7 +100,7 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
     # corrected rerun would find an evaluation it has to --resume, with the refused settings.
     methods = parse_methods(methods)
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     examples = task.examples(config.split, limit=config.limit)  # the task refuses a split it does not have
     if not examples:
@@ -112,19 +118,26 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     # Each rank repairs only the file it appends to; a torn tail of another rank's file is read as absent.
     done = {(r["example"], r["method"]) for path in _result_files(out_dir)
             for r in load_done_rows(path, repair=path == part)}
-    todo = [(i, m) for i in range(rank, len(examples), world) for m in methods if (examples[i].id, m) not in done]
+    mine = list(range(rank, len(examples), world))
+    todo = [(i, m) for i in mine for m in methods if (examples[i].id, m) not in done]
     bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
                disable=not progress, dynamic_ncols=True)
     running: dict[str, list[dict]] = {m: [] for m in methods}
     with open(part, "a") as f:
-        for index, label in todo:
-            row = _run_one(pair, task, examples[index], index, label, config, heads.get(label))
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            running[label].append(row)
-            bar.update()
-            bar.set_postfix_str(_running_line(running))
+        # Methods take turns on each group of batch_size examples, so every method sees the machine alike.
+        for start in range(0, len(mine), config.batch_size):
+            group = mine[start:start + config.batch_size]
+            for label in methods:
+                indices = [i for i in group if (examples[i].id, label) not in done]
+                if not indices:
+                    continue
+                for row in _run_batch(pair, task, examples, indices, label, config, heads.get(label)):
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                    running[label].append(row)
+                    bar.update()
+                bar.set_postfix_str(_running_line(running))
     bar.close()
     _barrier()
     if rank != 0:
@@ -141,25 +154,34 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     return summaries
 
 
-def _run_one(pair: Pair, task, example, index: int, label: str, config: EvalConfig, head) -> dict:
-    """One method on one example; the seed depends on the example only, so methods share it."""
-    seed = config.seed * 1_000_003 + index
+def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
+               ) -> list[dict]:
+    """One method on some examples, decoded together (one at a time for the peers); the seed depends on the
+    first example only, so methods share it."""
+    seed = config.seed * 1_000_003 + indices[0]
     name, _, value = label.partition(":")
     if name in PEERS:
-        prompt = encode_prompt(pair.tokenizer, example.prompt)
-        tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
-                                          draft_len=None if name == "hf-default" else config.draft_len,
-                                          weight=float(value) if value else None,
-                                          max_new_tokens=config.max_new_tokens, stop=task.stop, seed=seed)
-        text, metrics = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop), stats.to_dict()
+        results = []
+        for offset, index in enumerate(indices):
+            prompt = encode_prompt(pair.tokenizer, examples[index].prompt)
+            tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
+                                              draft_len=None if name == "hf-default" else config.draft_len,
+                                              weight=float(value) if value else None,
+                                              max_new_tokens=config.max_new_tokens, stop=task.stop, seed=seed + offset)
+            text = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop)
+            results.append((text, stats.to_dict()))
     else:
-        (completion,) = generate(pair, example.prompt, method=label, temperature=config.temperature,
-                                 draft_length=config.drafting, max_new_tokens=config.max_new_tokens, stop=task.stop,
-                                 seed=seed, weight_fn=head)
-        text, metrics = completion.text, completion.metrics
-    metrics.pop("method", None)
-    return {"example": example.id, "index": index, "method": label, "reward": task.reward(example, text),
-            "text": text, **metrics}
+        completions = generate(pair, [examples[i].prompt for i in indices], method=label,
+                               temperature=config.temperature, draft_length=config.drafting,
+                               max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
+                               seed=seed, weight_fn=head)
+        results = [(c.text, c.metrics) for c in completions]
+    rows = []
+    for index, (text, metrics) in zip(indices, results, strict=True):
+        metrics.pop("method", None)
+        rows.append({"example": examples[index].id, "index": index, "method": label,
+                     "reward": task.reward(examples[index], text), "text": text, **metrics})
+    return rows
 
 
 def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
@@ -175,8 +197,11 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 
 
-def _check_out_dir(out_dir: Path) -> None:
-    """Refuse an out_dir that is, or lies under, an existing file (mkdir would fail only after the checks)."""
+def check_out_dir(out_dir: Path, resume: bool | None = None) -> None:
+    """Refuse an out_dir that is, or lies under, an existing file (mkdir would fail only after the checks);
+    with resume given, also one that holds an evaluation when resume is False."""
+    if resume is False and (Path(out_dir) / CONFIG_FILE).exists():
+        raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
     for path in (out_dir, *out_dir.parents):
         if path.exists():
             if not path.is_dir():

@@ -106,6 +106,10 @@ class TrainConfig:
                                  f"{getattr(self, name)}")
         if not self.lam >= 0:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
+        if not 0 < self.initial_weight < 1:
+            raise ValueError(f"initial weight must be in (0, 1), got {self.initial_weight}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed}")
         for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
                      "minibatches"):
             if getattr(self, name) < 1:
@@ -257,14 +261,15 @@ def _update(head: EnsembleHead, optimizer: torch.optim.Optimizer, rollouts: Roll
 
 @torch.no_grad()
 def score_completions(pair: Pair, prompts: list[list[int]], completions: list[list[int]],
-                      bonus: list[list[bool]], sampling: Sampling
+                      bonus: list[list[bool]], sampling: Sampling, rows_per_pass: int = 2
                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Teacher-forced pass of both models over prompt + completion.
 
     Returns, per sequence and generated position t ([B, T], padded): the draft's and target's last hidden
     states that predict y_t (float32, [B, T, d]), p_t(y_t), q_t(y_t), TV(q_t, p_t), the mask of real
     positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
-    the target's device.
+    the target's device. `rows_per_pass` sequences go through the models at a time: the full distributions
+    of a pass take rows x T x V floats (2 x 400 x 152k is 0.5 GB per model).
     """
     length = max(map(len, completions))
     # Completions are padded at their end (with their own last token): causal attention keeps the real
@@ -275,14 +280,18 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
     scored = torch.tensor([[t < len(c) and not b[t] for t in range(length)] for c, b in zip(completions, bonus,
                                                                                               strict=True)])
     device = pair.target.device
-    out = []
-    for model in (pair.draft, pair.target):
-        hidden, logits = model.rows(len(prompts)).feed(fed, length, hidden=True)
-        out.append((hidden.float().to(device), sampling.probs(logits).to(device)))
-    (h_draft, q), (h_target, p) = out
-    targets = torch.tensor(padded, device=device).unsqueeze(-1)
-    p_y, q_y = p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1)
-    return h_draft, h_target, p_y, q_y, total_variation(q, p), mask.to(device), (scored & mask).to(device)
+    parts = []
+    for start in range(0, len(fed), rows_per_pass):
+        chunk = slice(start, start + rows_per_pass)
+        (h_draft, q), (h_target, p) = [
+            (hidden.float().to(device), sampling.probs(logits).to(device))
+            for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
+                                   for model in (pair.draft, pair.target))]
+        targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
+        parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
+                      total_variation(q, p)))
+    h_draft, h_target, p_y, q_y, tv = (torch.cat(column) for column in zip(*parts, strict=True))
+    return h_draft, h_target, p_y, q_y, tv, mask.to(device), (scored & mask).to(device)
 
 
 def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> None:

@@ -86,11 +86,7 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     backend = check_load_options(draft, target, backend=backend, dtype=dtype, device=device,
                                  draft_vocab=draft_vocab, threads=threads, draft_quant=draft_quant)
     if backend == "llama.cpp":
-        return _load_llama_cpp_pair(draft, target, device=device, draft_vocab=draft_vocab, threads=threads,
-                                    draft_quant=draft_quant)
-    if draft_quant is not None:
-        raise ValueError("draft_quant (--draft-quant) requantizes the default pair's GGUF draft for the llama.cpp "
-                         "backend; on transformers use --draft-int8")
+        return _load_llama_cpp_pair(draft, target, threads=threads, draft_quant=draft_quant)
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
@@ -126,11 +122,29 @@ def check_load_options(draft: str | None, target: str | None, *, backend: str | 
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
-    for name, value in (("draft_vocab", draft_vocab), ("threads", threads)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    for name, value, high in (("draft_vocab", draft_vocab, 2**31), ("threads", threads, 1024)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
+            raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
     if draft_quant is not None and draft_quant not in QUANTIZATIONS:
         raise ValueError(f"draft_quant must be one of {QUANTIZATIONS}, got {draft_quant!r}")
+    if backend == "llama.cpp":
+        if kind != "cpu":
+            raise ValueError(f"the llama.cpp backend runs on the CPU here, not on {device!r}; use --backend "
+                             "transformers")
+        if draft_vocab is not None:
+            raise ValueError("--draft-vocab is a transformers-backend option; llama.cpp runs the GGUF as it is")
+        for role, name in (("draft", draft), ("target", target)):
+            if name is not None and not name.endswith(".gguf"):
+                raise ValueError(f"the llama.cpp backend loads .gguf files; --{role} {name!r} is not one (use "
+                                 "--backend transformers for hub ids and folders)")
+        if draft_quant is not None and draft is not None:
+            raise ValueError("--draft-quant applies to the built-in pair; quantize your own draft with llama.cpp's "
+                             "llama-quantize")
+    elif draft_quant is not None:
+        raise ValueError("--draft-quant requantizes the built-in GGUF draft for the llama.cpp backend; on "
+                         "transformers use --draft-int8")
+    if threads is not None and backend != "llama.cpp":
+        raise ValueError("--threads sets llama.cpp's threads; transformers uses torch's (OMP_NUM_THREADS)")
     return backend
 
 
@@ -154,17 +168,10 @@ def check_model_name(role: str, name: str) -> None:
             raise ValueError(f"--{role} {name!r} is a file: name a model folder, a .gguf file or a hub id")
 
 
-def _load_llama_cpp_pair(draft: str | None, target: str | None, *, device: str, draft_vocab: int | None,
-                         threads: int | None, draft_quant: str | None) -> Pair:
+def _load_llama_cpp_pair(draft: str | None, target: str | None, *, threads: int | None,
+                         draft_quant: str | None) -> Pair:
     from diversed.backends.llama_cpp import LlamaCppModel
 
-    if torch.device(device).type != "cpu":
-        raise ValueError(f"the llama.cpp backend runs on the CPU here, not on {device!r}; use --backend transformers")
-    if draft_vocab is not None:
-        raise ValueError("--draft-vocab is a transformers-backend option; the llama.cpp backend runs the GGUF as is")
-    if draft_quant is not None and draft is not None:
-        raise ValueError("draft_quant (--draft-quant) applies to the built-in pair; quantize your own draft with "
-                         "llama.cpp's llama-quantize")
     if draft is None:
         paths = (default_draft_gguf(draft_quant), default_gguf(DEFAULT_TARGET))
         names = (DEFAULT_DRAFT.name, DEFAULT_TARGET.name)
@@ -172,13 +179,7 @@ def _load_llama_cpp_pair(draft: str | None, target: str | None, *, device: str, 
         folders = [cache_dir() / name for name in names]
         tokenizers = [_tokenizer(f) if f.is_dir() else _gguf_tokenizer(p) for f, p in zip(folders, paths, strict=True)]
     else:
-        paths = tuple(Path(name) for name in (draft, target))
-        for role, path in zip(("draft", "target"), paths, strict=True):
-            if path.suffix != ".gguf":
-                raise ValueError(f"the llama.cpp backend loads .gguf files; --{role} {str(path)!r} is not one "
-                                 "(use --backend transformers for hub ids and folders)")
-            if not path.is_file():
-                raise FileNotFoundError(f"--{role}: GGUF file not found: {path}")
+        paths = tuple(Path(name).expanduser() for name in (draft, target))
         names = tuple(_name(str(p)) for p in paths)
         tokenizers = [_gguf_tokenizer(p) for p in paths]
     check_same_tokenizer(*tokenizers, str(paths[0]), str(paths[1]))
