@@ -136,6 +136,42 @@ def speculative_simple(binary: str, draft: Path, target: Path, text: str, n_max:
     return SequenceStats(new_tokens=int(decoded), drafted=drafted, accepted=accepted, wall_time=total), total
 
 
+def width_profile(pairs: dict[str, Pair], prompt: list[int], widths: int = 8, repeats: int = 7) -> str:
+    """The costs that bound speculation here, medians of `repeats` taking turns: the target's pass over k
+    tokens (k = 1..widths) and each draft's step, after `prompt`; and the speedup over the target alone that
+    rounds of N drafts would give if every draft were kept, (N + 1) v(1) / (N d + v(N + 1))."""
+    target = next(iter(pairs.values())).target
+    rows = {"target": target.rows(1), **{name: pair.draft.rows(1) for name, pair in pairs.items()}}
+    for state in rows.values():
+        state.feed([prompt], 1)
+    held = len(prompt)
+
+    def timed(state, width: int) -> float:
+        start = time.perf_counter()
+        state.feed([prompt[-width:]], 1)
+        seconds = time.perf_counter() - start
+        state.truncate([held])
+        return seconds
+
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for k in range(1, widths + 1):
+            times.setdefault(f"v({k})", []).append(timed(rows["target"], k))
+        for name in pairs:
+            times.setdefault(name, []).append(timed(rows[name], 1))
+    ms = {key: 1000 * sorted(values)[len(values) // 2] for key, values in times.items()}
+    lines = [f"\nCosts after a {held}-token prompt (ms, medians of {repeats})",
+             "| target pass over k tokens | " + " | ".join(str(k) for k in range(1, widths + 1)) + " |",
+             "|---" * (widths + 1) + "|",
+             "| ms | " + " | ".join(f"{ms[f'v({k})']:.0f}" for k in range(1, widths + 1)) + " |",
+             "", "| draft | step (ms) | ceiling N = 1 | N = 2 | N = 3 | N = 4 |", "|---|---|---|---|---|---|"]
+    for name in pairs:
+        d = ms[name]
+        ceilings = [(n + 1) * ms["v(1)"] / (n * d + ms[f"v({n + 1})"]) for n in range(1, 5)]
+        lines.append(f"| {name} | {d:.0f} | " + " | ".join(f"{c:.2f}x" for c in ceilings) + " |")
+    return "\n".join(lines)
+
+
 def prompt_sets(humaneval: int, gsm8k: int) -> dict[str, list[str]]:
     """Held-out prompts: the first of HumanEval's test split (task numbers divisible by 4) and of GSM8K's."""
     return {"humaneval": [e.prompt for e in get_task("humaneval").examples("test", limit=humaneval)],
@@ -162,8 +198,10 @@ def main() -> None:
     hf_pair = load_pair(backend="transformers") if args.transformers else None
     sets = prompt_sets(args.humaneval, args.gsm8k)
     eos = set(pair.eos_token_ids)
+    profile = width_profile({"Q4_K_M": pair} | quantized, encode_prompt(pair.tokenizer, sets["humaneval"][0]))
+    print(profile, flush=True)
     report = {"machine": f"{platform.processor() or platform.machine()}, {default_threads()} threads",
-              "tokens": args.tokens, "results": []}
+              "tokens": args.tokens, "costs": profile, "results": []}
     for temperature in args.temperatures:
         for set_name, texts in sets.items():
             runs = configurations(args, pair, quantized, hf_pair, head, temperature, eos)
