@@ -183,3 +183,21 @@ def test_generate_command_on_gguf_files(files, capsys):
         assert code == 0
         outputs[method] = json.loads(capsys.readouterr().out)
     assert outputs["exact"]["text"] == outputs["auto"]["text"] and outputs["exact"]["new_tokens"] == 12
+
+
+def test_hidden_states_on_change_no_row_of_the_logits(backend):
+    """With hidden states asked for, llama.cpp outputs every token of the batch: each row's logits must still
+    be its own (a regression: they were read by their rank among the flagged outputs)."""
+    models, atol = backend
+    target = models["target"]
+    hidden_off = target.rows(3).feed(PROMPTS[:3], 2)[1]
+    states, hidden_on = target.rows(3).feed(PROMPTS[:3], 2, hidden=True)
+    torch.testing.assert_close(hidden_on, hidden_off, atol=atol, rtol=0)
+    for row, prompt in enumerate(PROMPTS[:3]):
+        alone = target.rows(1).feed([prompt], 2, hidden=True)[0][0]
+        torch.testing.assert_close(states[row], alone, atol=atol, rtol=0)
+    greedy = dict(sampling=GREEDY, draft_length=3, max_new_tokens=16)
+    exact = decode(target, PROMPTS, draft=models["close"], method=Method("exact"), **greedy)
+    ones = decode(target, PROMPTS, draft=models["close"], method=Method("dynamic"),
+                  weight_fn=lambda h_draft, h_target: torch.ones(h_draft.shape[:2]), **greedy)
+    assert ones.tokens == exact.tokens

@@ -152,13 +152,15 @@ class LlamaCppModel:
         total = sum(len(tokens) for _, _, tokens in rows)
         batch = llama.llama_batch_init(total, 0, 1)
         try:
-            i = 0
+            i, flagged = 0, []
             for seq, start, tokens in rows:
                 first_output = len(tokens) - outputs
                 for j, token in enumerate(tokens):
                     batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + j, 1
                     batch.seq_id[i][0] = seq
                     batch.logits[i] = j >= first_output
+                    if j >= first_output:
+                        flagged.append(i)
                     i += 1
             batch.n_tokens = total
             if hidden != self._embeddings:
@@ -170,8 +172,9 @@ class LlamaCppModel:
                                    f"({total} tokens over {len(rows)} rows; llama.cpp: {_last_log()})")
         finally:
             llama.llama_batch_free(batch)
-        logits = _outputs(llama.llama_get_logits_ith, self._context, len(rows), outputs, self.vocab_size)
-        states = (_outputs(llama.llama_get_embeddings_ith, self._context, len(rows), outputs, self.hidden_size)
+        shape = (len(rows), outputs)
+        logits = _outputs(llama.llama_get_logits_ith, self._context, flagged, shape, self.vocab_size)
+        states = (_outputs(llama.llama_get_embeddings_ith, self._context, flagged, shape, self.hidden_size)
                   if hidden else None)
         return states, logits
 
@@ -230,12 +233,12 @@ def requantize(source: Path, dest: Path, kind: str) -> Path:
     return dest
 
 
-def _outputs(get, context, rows: int, outputs: int, width: int) -> Tensor:
-    """[rows, outputs, width] float32, copied out of the buffers llama.cpp owns (and overwrites at the next
-    decode). Output by output: with embeddings on, llama_get_logits' base pointer is not the first output's
-    logits in llama.cpp 0.3.36's build, while the indexed getters are right (negative = from the last)."""
-    total = rows * outputs
-    block = np.empty((total, width), dtype=np.float32)
-    for i in range(total):
-        block[i] = np.ctypeslib.as_array(get(context, i - total), shape=(width,))
-    return torch.from_numpy(block).view(rows, outputs, width)
+def _outputs(get, context, indices: list[int], shape: tuple[int, int], width: int) -> Tensor:
+    """[*shape, width] float32 for the batch positions `indices`, copied out of the buffers llama.cpp owns
+    (and overwrites at the next decode). By batch position: with embeddings on (pooling none) llama.cpp
+    outputs every token of the batch, flagged or not, so neither llama_get_logits' base pointer nor an
+    index counted among the flagged outputs points at the right row; the batch position always does."""
+    block = np.empty((len(indices), width), dtype=np.float32)
+    for row, index in enumerate(indices):
+        block[row] = np.ctypeslib.as_array(get(context, index), shape=(width,))
+    return torch.from_numpy(block).view(*shape, width)
