@@ -23,7 +23,7 @@ from diversed.head.train import TrainConfig
 from diversed.models.loading import check_load_options
 from diversed.tasks import get_task
 
-from tiny import perturbed, tiny_gguf, tiny_model, word_tokenizer
+from tiny import save_tiny_pair, tiny_gguf, tiny_model, word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,7 @@ def files(tmp_path_factory):
     """Model folders and files, good and bad, and the other inputs the cases point at."""
     root = tmp_path_factory.mktemp("inputs")
     target = tiny_model(0, vocab=40, hidden=32, arch="olmo2")
-    paths = {}
-    for name, model in (("target", target), ("draft", perturbed(target, 0.05, 1))):
-        model.save_pretrained(root / name)
-        word_tokenizer().save_pretrained(root / name)
-        paths[name] = str(root / name)
+    paths = save_tiny_pair(target, root)
     (root / "empty").mkdir()
     truncated = root / "truncated"
     target.save_pretrained(truncated)
@@ -241,14 +237,18 @@ EVAL = [
 ]
 
 
+def run_with_defaults(command: str, args: list[str], defaults: dict[str, str], files: dict, capsys
+                      ) -> tuple[int, str]:
+    """Run `command` on the tiny pair with `args`, and each default option the case does not set itself."""
+    args = _fill(args, files)
+    unset = [x for option, value in defaults.items() if option not in args[::2] for x in (option, value)]
+    return run([command, "--draft", files["draft"], "--target", files["target"], *args, *unset], capsys)
+
+
 @pytest.mark.parametrize(("args", "message"), EVAL, ids=[" ".join(a) for a, _ in EVAL])
 def test_eval_refuses_before_loading_and_writes_nothing(files, capsys, no_loading, tmp_path, args, message):
-    args = _fill(args, files)
-    base = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--methods": "auto,exact"}
-    for i in range(0, len(args), 2):
-        base.pop(args[i], None)
-    code, err = run(["eval", "--draft", files["draft"], "--target", files["target"], *args,
-                     *[x for kv in base.items() for x in kv]], capsys)
+    defaults = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--methods": "auto,exact"}
+    code, err = run_with_defaults("eval", args, defaults, files, capsys)
     assert code == 2 and message in err, err
     assert not (tmp_path / "out").exists()
 
@@ -277,12 +277,7 @@ TRAIN = [
 
 @pytest.mark.parametrize(("args", "message"), TRAIN, ids=[" ".join(a) for a, _ in TRAIN])
 def test_train_refuses_before_loading(files, capsys, no_loading, tmp_path, args, message):
-    args = _fill(args, files)
-    base = {"--task": "humaneval", "--out": str(tmp_path / "run")}
-    for i in range(0, len(args), 2):
-        base.pop(args[i], None)
-    code, err = run(["train", "--draft", files["draft"], "--target", files["target"], *args,
-                     *[x for kv in base.items() for x in kv]], capsys)
+    code, err = run_with_defaults("train", args, {"--task": "humaneval", "--out": str(tmp_path / "run")}, files, capsys)
     assert code == 2 and message in err, err
     assert not (tmp_path / "run").exists()
 

@@ -8,19 +8,14 @@ import pytest
 
 from diversed.cli import main
 
-from tiny import perturbed, tiny_model, word_tokenizer
+from tiny import save_tiny_pair, tiny_model, word_tokenizer
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A target, a close draft and a draft with another tokenizer, saved as Hugging Face folders."""
     root = tmp_path_factory.mktemp("models")
-    target = tiny_model(0, vocab=40, hidden=32, arch="olmo2")
-    paths = {}
-    for name, model in (("target", target), ("draft", perturbed(target, 0.05, 1))):
-        model.save_pretrained(root / name)
-        word_tokenizer().save_pretrained(root / name)
-        paths[name] = str(root / name)
+    paths = save_tiny_pair(tiny_model(0, vocab=40, hidden=32, arch="olmo2"), root)
     other = word_tokenizer()
     other.add_tokens(["extra"])
     tiny_model(2, vocab=41, hidden=32, arch="olmo2").save_pretrained(root / "other")

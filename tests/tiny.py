@@ -51,6 +51,17 @@ def perturbed(model: PreTrainedModel, scale: float, seed: int) -> PreTrainedMode
     return draft
 
 
+def save_tiny_pair(target: PreTrainedModel, root) -> dict[str, str]:
+    """Save `target` and a close draft of it, each with the word tokenizer, as Hugging Face folders under
+    root; their paths by role."""
+    paths = {}
+    for role, model in (("target", target), ("draft", perturbed(target, 0.05, 1))):
+        model.save_pretrained(root / role)
+        word_tokenizer().save_pretrained(root / role)
+        paths[role] = str(root / role)
+    return paths
+
+
 def word_tokenizer() -> PreTrainedTokenizerFast:
     """Tokens t0..t39, split on spaces; t1 ends a sequence."""
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(WORDS)}, unk_token="t0"))
