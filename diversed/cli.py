@@ -15,7 +15,7 @@ from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES
 from diversed.head.train import TrainConfig
-from diversed.models.loading import DTYPES
+from diversed.models.loading import DTYPES, QUANTIZATIONS
 
 TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, humaneval, humaneval-plus (offline), cnn_dailymail, xsum "
              "(online) or jsonl:PATH")
@@ -130,7 +130,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="llama.cpp (.gguf files as they are quantized; the default on a CPU for the built-in "
                              "pair and .gguf files) or transformers (hub ids, folders, .gguf converted)")
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
-    parser.add_argument("--draft-quant", choices=("Q3_K_S", "Q2_K"),
+    parser.add_argument("--draft-quant", choices=QUANTIZATIONS,
                         help="llama.cpp: the built-in draft requantized to fewer bits (a cheaper step; made once)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")

@@ -91,12 +91,12 @@ def decode(
     if method.name == "auto":
         _plain_loop(run, target.rows(len(prompts)), pending, sampling, generator, clock)
     else:
-        speed = (SpeedModel.for_models((id(target), id(draft), len(prompts)), draft_length.maximum)
-                 if draft_length.schedule == "auto" else None)
+        costs_key = (id(target), id(draft), len(prompts))  # the models and batch size the costs belong to
+        speed = SpeedModel.for_models(costs_key, draft_length.maximum) if draft_length.schedule == "auto" else None
         _speculative_loop(run, target.rows(len(prompts)), draft.rows(len(prompts)), pending, method, sampling,
                           draft_length, speed, weight_fn, generator, clock)
         if speed is not None:
-            speed.remember((id(target), id(draft), len(prompts)))
+            speed.remember(costs_key)
     return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start, clock.report())
 
 
@@ -131,6 +131,12 @@ class _Run:
             stats.wall_time = time.perf_counter() - self.start
         return bool(stats.finish_reason)
 
+    def emit_steps(self, tokens: list[int]) -> list[bool]:
+        """Record one step of the target alone (one token per row); which rows it finished."""
+        for row in self.rows:
+            self.stats[row].target_forwards += 1
+        return [self.emit(row, [t]) for row, t in enumerate(tokens)]
+
     def drop_finished(self, finished: list[bool], *states: Rows) -> list[int] | None:
         """Remove finished rows from the batch; returns the surviving row positions (None if all survive)."""
         if not any(finished):
@@ -147,10 +153,7 @@ def _plain_loop(run: _Run, target: Rows, pending: list[list[int]], sampling: Sam
     while run.rows:
         clock.rounds += 1
         token = target_step(target, pending, sampling, generator, clock)
-        finished = []
-        for row, t in enumerate(token):
-            run.stats[run.rows[row]].target_forwards += 1
-            finished.append(run.emit(row, [t]))
+        finished = run.emit_steps(token)
         with clock.phase("cache"):
             alive = run.drop_finished(finished, target)
         pending = [[t] for t in (token if alive is None else [token[row] for row in alive])]
@@ -230,9 +233,7 @@ def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[i
             token = target_step(target, pending.target, sampling, generator, clock)
             pending.target = [[t] for t in token]
             pending.draft = [d + [t] for d, t in zip(pending.draft, token, strict=True)]
-            for row, t in enumerate(token):
-                run.stats[run.rows[row]].target_forwards += 1
-                finished.append(run.emit(row, [t]))
+            finished = run.emit_steps(token)
             if clock.rounds > 1:  # the first round's forward is the prompt's: not a step's cost
                 speed.observe_plain(clock.seconds["target forward"] - before["target forward"])
             n = speed.best_length()
