@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.engine import WeightFn, decode
+from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
+from diversed.decoding.policy import WeightFn
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.head.model import PRETRAINED_HEAD, EnsembleHead

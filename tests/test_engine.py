@@ -35,9 +35,9 @@ def requested(monkeypatch) -> list[int]:
     lengths = []
     original = engine._draft
 
-    def spy(state, tokens, n, *args):
-        lengths.append(n)
-        return original(state, tokens, n, *args)
+    def spy(state, tokens, caps, *args):
+        lengths.append(max(caps))
+        return original(state, tokens, caps, *args)
 
     monkeypatch.setattr(engine, "_draft", spy)
     return lengths
@@ -195,7 +195,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
     """Spy on the verifier: in every round, the draft's q_i and the target's p_i it receives must equal what
     fresh no-cache forwards over the emitted prefix and the drafts give. Greedy exactness alone cannot catch
     a wrong draft cache (the exact rule is lossless whatever the draft proposes); this can."""
-    import diversed.decoding.engine as engine
+    import diversed.decoding.policy as policy
 
     rounds = []
 
@@ -204,7 +204,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
         rounds.append((drafts.clone(), q.clone(), p.clone(), out))
         return out
 
-    monkeypatch.setattr(engine, "verify", spy)
+    monkeypatch.setattr(policy, "verify", spy)
     prompt = [3, 1, 4, 1, 5]
     out = decode(target, [prompt], draft=draft, method=Method("static", weight=0.6), sampling=Sampling(1.0),
                  draft_length=DraftLength(3), max_new_tokens=30, seed=4)

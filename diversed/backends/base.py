@@ -1,7 +1,7 @@
 """What the decoding loop needs from a model, and nothing of any engine: the backend interface.
 
 A backend is one file with two classes. Its Model is a frozen causal LM: vocabulary and hidden sizes,
-context length, end-of-sequence tokens, and `rows(B)`, an empty batch of B sequences. Its Rows holds
+context length, end-of-sequence tokens, and `rows(B, capacity)`, an empty batch of B sequences. Its Rows holds
 that batch's KV cache: `feed` appends tokens to each row and returns the logits (and, when asked, the
 last hidden states) at the last few of them; `truncate` keeps the first n tokens of each row and forgets
 the rest (the rollback after a rejection); `select` keeps some rows (finished ones leave) and `extend`
@@ -53,5 +53,5 @@ class Model(Protocol):
     eos_token_ids: tuple[int, ...]  # tokens the model's own config says end a sequence
     device: torch.device  # where its logits and hidden states live
 
-    def rows(self, count: int) -> Rows:
-        """An empty batch of `count` sequences."""
+    def rows(self, count: int, capacity: int | None = None) -> Rows:
+        """An empty batch of `count` sequences, which `extend` may grow to `capacity` (default: count)."""

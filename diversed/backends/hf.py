@@ -35,7 +35,7 @@ class TransformersModel:
                                    [] if configured is None else [configured])
         self.device = model.device
 
-    def rows(self, count: int) -> TransformersRows:
+    def rows(self, count: int, capacity: int | None = None) -> TransformersRows:  # a cache grows as it needs
         return TransformersRows(self.model, torch.zeros(count, 0, dtype=torch.bool, device=self.device))
 
 

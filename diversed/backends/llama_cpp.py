@@ -97,23 +97,24 @@ class LlamaCppModel:
         self._live: weakref.WeakSet[LlamaCppRows] = weakref.WeakSet()
         self._release = weakref.finalize(self, _free, self._model, [None])
 
-    def rows(self, count: int) -> LlamaCppRows:
-        """An empty batch of `count` rows, on free sequence ids of the model's context (a bigger context is
-        made when no other batch is live)."""
-        rows = LlamaCppRows(self, self._take(count))
+    def rows(self, count: int, capacity: int | None = None) -> LlamaCppRows:
+        """An empty batch of `count` rows, on free sequence ids of the model's context; a context with room
+        for `capacity` rows is made first when the present one has too few free and no other batch is live."""
+        rows = LlamaCppRows(self, self._take(count, max(count, capacity or 0)))
         self._live.add(rows)
         return rows
 
-    def _take(self, count: int) -> list[int]:
-        """`count` free sequence ids, emptied."""
+    def _take(self, count: int, room: int = 0) -> list[int]:
+        """`count` free sequence ids, emptied; with no batch live, a context with `room` free ones first."""
         limit = llama.llama_max_parallel_sequences()
-        if count > limit:
-            raise ValueError(f"llama.cpp decodes at most {limit} rows together, got {count}: use smaller batches")
+        if max(count, room) > limit:
+            raise ValueError(f"llama.cpp decodes at most {limit} rows together, got {max(count, room)}: use "
+                             "smaller batches")
+        if max(count, room) > len(self._free_seqs) and not self._live:
+            self._new_context(min(max(count, room, 4, 2 * self._capacity), limit))
         if count > len(self._free_seqs):
-            if len(self._live):
-                raise RuntimeError(f"{self.name}'s context has {len(self._free_seqs)} free rows of "
-                                   f"{self._capacity} and {count} were asked for while other batches are live")
-            self._new_context(min(max(count, 4, 2 * self._capacity), limit))
+            raise RuntimeError(f"{self.name}'s context has {len(self._free_seqs)} free rows of "
+                               f"{self._capacity} and {count} were asked for while other batches are live")
         taken, self._free_seqs = self._free_seqs[:count], self._free_seqs[count:]
         return taken
 

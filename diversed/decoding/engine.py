@@ -1,22 +1,23 @@
 """The decoding loop: plain target decoding, and speculative decoding with any verification rule.
 
-Both work on a batch of token-id prompts of different lengths, on any backend (diversed.backends: the loop
-only feeds tokens, reads logits, truncates and selects rows). One round of speculative decoding
-(`speculative_round`):
+A Batch holds the rows of both models (diversed.backends: the loop only feeds tokens, reads logits,
+truncates, selects and adds rows) and one Job per row; jobs join between rounds and leave when finished
+or cancelled (continuous batching), and each follows its own Policy (diversed.decoding.policy). `decode`
+is a batch whose jobs all join at the start. One round of speculative decoding (`speculative_round`):
   1. the draft proposes up to N tokens, one forward each;
   2. the target scores the N+1 positions in one forward;
   3. the verifier (diversed.verify) keeps a prefix and picks the next token;
   4. both models roll back to the kept tokens.
 Invariant between rounds: the target has seen every token but the last emitted one; the draft has seen
-every token but the last emitted one and, after a fully kept round, the last draft. Before the first
-round, the whole prompt is unseen: prefill is the first round's forward.
+every token but the last emitted one and, after a fully kept round, the last draft. A job's prompt is
+unseen when it joins: its prefill is its first round's forward.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -24,13 +25,12 @@ from torch import Tensor
 from diversed.backends import Model, Rows, as_model
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength, SpeedModel
-from diversed.verify import Verification, verify
+from diversed.verify import Verification
 
-# (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
-WeightFn = Callable[[Tensor, Tensor], Tensor]
 # The new tokens of a sequence so far -> whether a stop string has appeared.
 StopFn = Callable[[list[int]], bool]
 
@@ -80,92 +80,223 @@ def decode(
     draft_length: a DraftLength, or an int N for N drafts every round.
     """
     target = as_model(target)
-    draft = None if draft is None else as_model(draft)
+    draft = None if draft is None or method.name == "auto" else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
     _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
-    generator = torch.Generator(device=target.device).manual_seed(seed)
-    clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
-    run = _Run(prompts, max_new_tokens, set(eos_token_ids), stop)
-    # The prompts are the first round's pending tokens: prefill happens inside the first forward.
-    pending = [list(p) for p in prompts]
-    if method.name == "auto":
-        _plain_loop(run, target.rows(len(prompts)), pending, sampling, generator, clock)
-    else:
-        costs_key = (id(target), id(draft), len(prompts))  # the models and batch size the costs belong to
-        speed = SpeedModel.for_models(costs_key, draft_length.maximum) if draft_length.schedule == "auto" else None
-        _speculative_loop(run, target.rows(len(prompts)), draft.rows(len(prompts)), pending, method, sampling,
-                          draft_length, speed, weight_fn, generator, clock)
-        if speed is not None:
-            speed.remember(costs_key)
-    return Generation(run.tokens, run.bonus, run.stats, time.perf_counter() - run.start, clock.report())
+    policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
+    batch = Batch(target, draft, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
+                  profile=profile)
+    jobs = [Job(list(p), policy, max_new_tokens, stop) for p in prompts]
+    for job in jobs:
+        batch.add(job)
+    while batch.jobs:
+        batch.step()
+    batch.close()
+    return Generation([j.tokens for j in jobs], [j.bonus for j in jobs], [j.stats for j in jobs],
+                      time.perf_counter() - batch.start, batch.clock.report())
 
 
-class _Run:
-    """Bookkeeping of one call: emitted tokens, statistics, and which sequences are still going."""
+@dataclass(eq=False)
+class Job:
+    """One sequence of a batch: its prompt (token ids), how it is decoded, where it stops, and what it wrote.
 
-    def __init__(self, prompts, max_new_tokens: int, eos: set[int], stop: StopFn | None) -> None:
-        self.tokens: list[list[int]] = [[] for _ in prompts]
-        self.bonus: list[list[bool]] = [[] for _ in prompts]
-        self.stats = [SequenceStats() for _ in prompts]
-        self.rows = list(range(len(prompts)))  # original index of each active batch row
-        self.max_new_tokens, self.eos, self.stop = max_new_tokens, eos, stop
-        self.start = time.perf_counter()
+    on_tokens(job, new) is called from the decoding loop with each round's new tokens (cut at EOS, the
+    length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled);
+    job.stats.finish_reason says whether it is done ("eos", "stop", "length" or "cancelled").
+    Set `cancelled` from any thread: the job leaves the batch before the next round."""
 
-    def emit(self, row: int, new: list[int], last_is_bonus: bool = False) -> bool:
-        """Append a row's new tokens, cut at EOS or the length limit; True if the sequence is finished."""
-        index = self.rows[row]
-        tokens, stats = self.tokens[index], self.stats[index]
+    prompt: list[int]
+    policy: Policy = field(default_factory=Policy)
+    max_new_tokens: int = 128
+    stop: StopFn | None = None
+    on_tokens: Callable[[Job, list[int]], None] | None = None
+    cancelled: bool = False
+    tokens: list[int] = field(default_factory=list)
+    bonus: list[bool] = field(default_factory=list)
+    stats: SequenceStats = field(default_factory=SequenceStats)
+    started: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.stats.finish_reason)
+
+    def emit(self, new: list[int], eos: set[int], last_is_bonus: bool = False) -> bool:
+        """Append new tokens, cut at EOS, the length limit or a stop string; True if the job is finished."""
+        added = []
         for i, token in enumerate(new):
-            tokens.append(token)
-            self.bonus[index].append(last_is_bonus and i == len(new) - 1)
-            if token in self.eos:
-                stats.finish_reason = "eos"
+            added.append(token)
+            self.bonus.append(last_is_bonus and i == len(new) - 1)
+            if token in eos:
+                self.stats.finish_reason = "eos"
                 break
-            if len(tokens) >= self.max_new_tokens:
-                stats.finish_reason = "length"
+            if len(self.tokens) + len(added) >= self.max_new_tokens:
+                self.stats.finish_reason = "length"
                 break
-        if not stats.finish_reason and self.stop is not None and self.stop(tokens):
-            stats.finish_reason = "stop"
-        stats.new_tokens = len(tokens)
-        if stats.finish_reason:
-            stats.wall_time = time.perf_counter() - self.start
-        return bool(stats.finish_reason)
+        self.tokens += added
+        if not self.finished and self.stop is not None and self.stop(self.tokens):
+            self.stats.finish_reason = "stop"
+        self.stats.new_tokens = len(self.tokens)
+        if self.finished:
+            self.stats.wall_time = time.perf_counter() - self.started
+        if self.on_tokens is not None:
+            self.on_tokens(self, added)
+        return self.finished
 
-    def emit_steps(self, tokens: list[int]) -> list[bool]:
-        """Record one step of the target alone (one token per row); which rows it finished."""
-        for row in self.rows:
-            self.stats[row].target_forwards += 1
-        return [self.emit(row, [t]) for row, t in enumerate(tokens)]
 
-    def drop_finished(self, finished: list[bool], *states: Rows) -> list[int] | None:
-        """Remove finished rows from the batch; returns the surviving row positions (None if all survive)."""
-        if not any(finished):
+class Batch:
+    """The running batch: both models' rows, one Job per row, and the draft length of the next round.
+
+    capacity: the most jobs at once. add() a job between rounds; step() runs one round (a step of the target alone, or a speculative round
+    in which each row is verified by its own policy) and drops the jobs that finished or were cancelled.
+    Not thread-safe: one thread adds and steps (a server's engine thread); `Job.cancelled` is the one field
+    other threads may set."""
+
+    def __init__(self, target: Model, draft: Model | None = None, *, draft_length: DraftLength = DraftLength(),
+                 eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False) -> None:
+        self.target, self.draft, self.draft_length = target, draft, draft_length
+        self.eos = set(eos_token_ids)
+        self.jobs: list[Job] = []
+        self.capacity = capacity
+        self.target_rows = target.rows(0, capacity)
+        self.draft_rows = None if draft is None else draft.rows(0, capacity)
+        self.pending = _Pending([], [])
+        self.clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
+        self.start = time.perf_counter()
+        self.n = draft_length.initial
+        self.speed: SpeedModel | None = None
+        self._costs_key: tuple | None = None
+        self._joined = False  # jobs joined since the last round: the next round's forwards include prompts
+
+    def check(self, job: Job) -> None:
+        """Refuse (ValueError) a job this batch cannot run: a prompt that is empty, outside the vocabulary or
+        too long for a model's context with max_new_tokens and a round of drafts; a method without its
+        draft or head."""
+        policy = job.policy
+        if not job.prompt:
+            raise ValueError("the prompt is empty")
+        if job.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {job.max_new_tokens}")
+        if policy.drafts and self.draft is None:
+            raise ValueError(f"method {policy.method.label!r} needs a draft model")
+        if policy.method.rule == "dynamic" and policy.weight_fn is None:
+            raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+        _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
+        if policy.drafts:
+            _check_prompt(self.draft, "draft", job.prompt, job.max_new_tokens, self.draft_length.longest)
+
+    def add(self, job: Job) -> None:
+        """Join a job: its rows are added now, its prompt is fed in the next round."""
+        self.check(job)
+        if len(self.jobs) >= self.capacity:
+            raise RuntimeError(f"the batch is full ({self.capacity} jobs)")
+        job.started = time.perf_counter()
+        self.jobs.append(job)
+        self.target_rows.extend(1)
+        if self.draft_rows is not None:
+            self.draft_rows.extend(1)
+        self.pending.target.append(list(job.prompt))
+        self.pending.draft.append(list(job.prompt))
+        self._joined = True
+
+    def step(self) -> list[Job]:
+        """One round for every job; returns the jobs that left the batch (finished or cancelled)."""
+        for job in self.jobs:
+            if job.cancelled and not job.finished:
+                job.stats.finish_reason = "cancelled"
+                job.stats.wall_time = time.perf_counter() - job.started
+                if job.on_tokens is not None:
+                    job.on_tokens(job, [])
+        left = self._drop([job.finished for job in self.jobs])
+        if not self.jobs:
+            return left
+        self.clock.rounds += 1
+        groups = Groups([job.policy for job in self.jobs])
+        speed = self._speed_model()
+        prefill, self._joined = self._joined, False
+        if self.draft is None or not any(job.policy.drafts for job in self.jobs) or self.n == 0:
+            self._plain_step(groups, speed, prefill)
+        else:
+            self._speculative_step(groups, speed, prefill)
+        return left + self._drop([job.finished for job in self.jobs])
+
+    def close(self) -> None:
+        """Keep the measured costs for later batches of the same models (the auto schedule)."""
+        if self.speed is not None:
+            self.speed.remember(self._costs_key)
+
+    def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
+        before = self.clock.seconds["target forward"]
+        token = target_step(self.target_rows, self.pending.target, groups, self.clock)
+        self.pending.target = [[t] for t in token]
+        self.pending.draft = [d + [t] for d, t in zip(self.pending.draft, token, strict=True)]
+        for job, t in zip(self.jobs, token, strict=True):
+            job.stats.target_forwards += 1
+            job.emit([t], self.eos)
+        if speed is not None and self.n == 0:
+            if not prefill:  # a round that fed prompts is not a step's cost
+                speed.observe_plain(self.clock.seconds["target forward"] - before)
+            self.n = speed.best_length()
+
+    def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
+        before = dict(self.clock.seconds)
+        catching_up = max(map(len, self.pending.draft)) > 2  # the draft missed target-alone steps' tokens
+        # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
+        needed = max(job.max_new_tokens - len(job.tokens) for job in self.jobs)
+        drafts, out, lengths = speculative_round(self.target_rows, self.draft_rows, self.pending,
+                                                 min(self.n, max(needed - 1, 1)), groups,
+                                                 self.draft_length.confidence, self.clock)
+        n_round = drafts.shape[1]
+        kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
+        for job, drafted_row, kept, drafted, nxt in zip(self.jobs, drafts.tolist(), kept_counts, drafted_counts,
+                                                        out.next_token.tolist(), strict=True):
+            job.stats.add_round(drafted, kept, draft_forwards=n_round)
+            job.emit(drafted_row[:kept] + [nxt], self.eos, last_is_bonus=kept == drafted)
+        if speed is None:
+            fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
+            self.n = self.draft_length.next(self.n, fully_kept)  # from the length asked for: a cut-off is no verdict
+        elif not prefill:  # a round that fed prompts is not a round's cost
+            spent = {phase: self.clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
+            speed.observe(kept_counts, drafted_counts, n_round, None if catching_up else spent["draft forward"],
+                          n_round + 1, spent["target forward"])
+            self.n = speed.best_length()
+
+    def _speed_model(self) -> SpeedModel | None:
+        """The auto schedule's speed model for the current batch size: costs are per (models, rows), so when
+        jobs join and the size changes, the costs known for the new size take over (the acceptance stays)."""
+        if self.draft_length.schedule != "auto" or self.draft is None:
             return None
+        key = (id(self.target), id(self.draft), len(self.jobs))
+        if self.speed is None or (self._joined and key != self._costs_key):
+            fresh = SpeedModel.for_models(key, self.draft_length.maximum)
+            if self.speed is not None:
+                self.speed.remember(self._costs_key)
+                fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections
+            elif fresh.timed:  # with costs known from an earlier batch, even the first round is chosen
+                self.n = fresh.best_length()
+            self.speed, self._costs_key = fresh, key
+        return self.speed
+
+    def _drop(self, finished: list[bool]) -> list[Job]:
+        """Remove finished rows from the batch; returns their jobs."""
+        if not any(finished):
+            return []
         alive = [row for row, done in enumerate(finished) if not done]
-        self.rows = [self.rows[row] for row in alive]
-        for state in states:
-            state.select(alive)
-        return alive
+        left = [job for job, done in zip(self.jobs, finished, strict=True) if done]
+        with self.clock.phase("cache"):
+            self.jobs = [self.jobs[row] for row in alive]
+            self.target_rows.select(alive)
+            if self.draft_rows is not None:
+                self.draft_rows.select(alive)
+            self.pending.select(alive)
+        return left
 
 
-def _plain_loop(run: _Run, target: Rows, pending: list[list[int]], sampling: Sampling,
-                generator: torch.Generator, clock: PhaseClock) -> None:
-    while run.rows:
-        clock.rounds += 1
-        token = target_step(target, pending, sampling, generator, clock)
-        finished = run.emit_steps(token)
-        with clock.phase("cache"):
-            alive = run.drop_finished(finished, target)
-        pending = [[t] for t in (token if alive is None else [token[row] for row in alive])]
-
-
-def target_step(target: Rows, pending: list[list[int]], sampling: Sampling, generator: torch.Generator,
-                clock: PhaseClock) -> list[int]:
+def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: PhaseClock) -> list[int]:
     """One step of the target alone: feed each row's pending tokens, sample the next token of each."""
     with clock.phase("target forward"):
         _, logits = target.feed(pending, 1)
     with clock.phase("sampling"):
-        return sampling.sample(sampling.probs(logits[:, -1]), generator).tolist()
+        return groups.sample(groups.probs(logits[:, -1])).tolist()
 
 
 @dataclass
@@ -181,30 +312,20 @@ class _Pending:
         self.draft = [self.draft[row] for row in alive]
 
 
-def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, method: Method, sampling: Sampling,
-                      confidence: float, weight_fn: WeightFn | None, generator: torch.Generator,
+def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, groups: Groups, confidence: float,
                       clock: PhaseClock) -> tuple[Tensor, Verification, Tensor]:
     """Draft up to n tokens per row, verify them in one target forward, roll both models back to the kept
     tokens and set `pending` for the next round. Returns the drafts [B, n'], the verdict and each row's own
-    draft length [B] (below n' where the confidence cut-off stopped it)."""
+    draft length [B] (below n' where its policy caps it or the confidence cut-off stopped it)."""
     target_before, draft_before = target.lengths, draft.lengths
-    needs_hidden = method.rule == "dynamic"
-    drafts, q, h_draft, lengths = _draft(draft, pending.draft, n, sampling, confidence, needs_hidden, generator,
-                                         clock)
+    drafts, q, h_draft, lengths = _draft(draft, pending.draft, groups.draft_caps(n), groups, confidence, clock)
     n_round = drafts.shape[1]
     with clock.phase("target forward"):
         h_target, logits = target.feed([t + d for t, d in zip(pending.target, drafts.tolist(), strict=True)],
-                                       n_round + 1, hidden=needs_hidden)
+                                       n_round + 1, hidden=groups.hidden)
     with clock.phase("sampling"):
-        p = sampling.probs(logits)
-    params = method.verify_params()
-    if needs_hidden:
-        with clock.phase("head"):
-            params["weight"] = _checked_weights(weight_fn(h_draft, h_target[:, :n_round]), drafts.shape)
-    with clock.phase("verify"):
-        out = verify(method.rule, drafts, q, p, greedy=sampling.greedy, generator=generator, validate=False,
-                     **params)
-        out = _limit_to_drafted(out, lengths, p, sampling, generator)
+        p = groups.probs(logits)
+    out = groups.verify(drafts, q, p, lengths, h_draft, h_target, clock)
     kept = out.num_accepted.tolist()
     with clock.phase("cache"):
         # The target keeps its pending tokens and the kept drafts; the draft, which never saw its own last
@@ -218,123 +339,59 @@ def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, meth
     return drafts, out, lengths
 
 
-def _speculative_loop(run: _Run, target: Rows, draft: Rows, prompts: list[list[int]], method: Method,
-                      sampling: Sampling, draft_length: DraftLength, speed: SpeedModel | None,
-                      weight_fn: WeightFn | None, generator: torch.Generator, clock: PhaseClock) -> None:
-    # With costs known from an earlier call, the auto schedule chooses even the first round (the target
-    # alone included: the draft then never reads the prompt unless drafting pays).
-    n = speed.best_length() if speed is not None and speed.timed else draft_length.initial
-    pending = _Pending(prompts, prompts)
-    while run.rows:
-        clock.rounds += 1
-        before = dict(clock.seconds)
-        finished = []
-        if n == 0:  # the auto schedule predicts the target alone faster: a plain step, the draft catches up later
-            token = target_step(target, pending.target, sampling, generator, clock)
-            pending.target = [[t] for t in token]
-            pending.draft = [d + [t] for d, t in zip(pending.draft, token, strict=True)]
-            finished = run.emit_steps(token)
-            if clock.rounds > 1:  # the first round's forward is the prompt's: not a step's cost
-                speed.observe_plain(clock.seconds["target forward"] - before["target forward"])
-            n = speed.best_length()
-        else:
-            catching_up = max(map(len, pending.draft)) > 2  # the draft missed target-alone steps' tokens
-            # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
-            needed = run.max_new_tokens - min(len(run.tokens[i]) for i in run.rows)
-            drafts, out, lengths = speculative_round(target, draft, pending, min(n, max(needed - 1, 1)), method,
-                                                     sampling, draft_length.confidence, weight_fn, generator, clock)
-            n_round = drafts.shape[1]
-            kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
-            for row, (drafted_row, kept, drafted, nxt) in enumerate(
-                    zip(drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
-                run.stats[run.rows[row]].add_round(drafted, kept, draft_forwards=n_round)
-                finished.append(run.emit(row, drafted_row[:kept] + [nxt], last_is_bonus=kept == drafted))
-            if speed is None:
-                fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
-                n = draft_length.next(n, fully_kept)  # from the length asked for: a confidence stop is no verdict
-            elif clock.rounds > 1:  # the first round's forwards include the prompt: not a round's cost
-                spent = {phase: clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
-                speed.observe(kept_counts, drafted_counts, n_round, None if catching_up else spent["draft forward"],
-                              n_round + 1, spent["target forward"])
-                n = speed.best_length()
-        with clock.phase("cache"):
-            alive = run.drop_finished(finished, target, draft)
-        if alive is not None:
-            pending.select(alive)
-
-
-def _draft(draft: Rows, tokens: list[list[int]], n: int, sampling: Sampling, confidence: float, hidden: bool,
-           generator: torch.Generator, clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """Propose up to n tokens per sequence. Returns drafts [B, n'], their distributions q [B, n', V], the
-    draft's hidden states that produced q [B, n', d] (when `hidden`), and each sequence's draft length [B]
-    (n' or less when the confidence cut-off stopped it; n' < n when it stopped every sequence)."""
+def _draft(draft: Rows, tokens: list[list[int]], caps: list[int], groups: Groups, confidence: float,
+           clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Propose up to caps[r] tokens for row r. Returns drafts [B, n'], their distributions q [B, n', V], the
+    draft's hidden states that produced q [B, n', d] (when the groups need them), and each row's draft
+    length [B] (its cap, or less where the confidence cut-off stopped it; n' is the longest)."""
     drafts, probs, states = [], [], []
-    lengths = torch.full((len(tokens),), n)
-    for i in range(n):
+    lengths = torch.tensor(caps)
+    for i in range(max(max(caps), 1)):
         with clock.phase("draft forward"):
-            h, logits = draft.feed(tokens, 1, hidden=hidden)
+            h, logits = draft.feed(tokens, 1, hidden=groups.hidden)
         with clock.phase("sampling"):
-            q = sampling.probs(logits[:, -1])
-            x = sampling.sample(q, generator)
+            q = groups.probs(logits[:, -1])
+            x = groups.sample(q)
         drafts.append(x)
         probs.append(q)
-        if hidden:
+        if groups.hidden:
             states.append(h[:, -1])
         if confidence:
             unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
             lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
-            if (lengths <= i + 1).all():
-                lengths = lengths.clamp(max=i + 1)
-                break
+        if (lengths <= i + 1).all():
+            break
         tokens = [[t] for t in x.tolist()]
-    return torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if hidden else None, lengths
+    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.hidden else None,
+            lengths.clamp(max=len(drafts)))
 
 
-def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, sampling: Sampling,
-                      generator: torch.Generator) -> Verification:
-    """Sequences that drafted fewer tokens than the round keep at most their own drafts; one that kept all
-    of them gets its bonus token from p at the position after its last draft."""
-    if bool((lengths == out.accepted.shape[1]).all()):
-        return out
-    lengths = lengths.to(p.device)
-    short = out.num_accepted >= lengths
-    num_accepted = torch.minimum(out.num_accepted, lengths)
-    bonus = sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], generator)
-    accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
-    return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
-
-
-def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
-    """A weight function's output must be one w in [0, 1] per drafted token (cheap to check: [B, N])."""
-    if tuple(weight.shape) != tuple(shape):
-        raise ValueError(f"weight_fn returned weights of shape {tuple(weight.shape)}, expected {tuple(shape)}")
-    if not bool(((weight >= 0) & (weight <= 1)).all()):
-        raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
-    return weight
-
-
-def _check_request(target: Model, draft: Model | None, prompts, method, draft_length, max_new_tokens, weight_fn
-                   ) -> None:
+def _check_request(target: Model, draft: Model | None, prompts, method: Method, draft_length: DraftLength,
+                   max_new_tokens: int, weight_fn: WeightFn | None) -> None:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id sequences")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    models = [("target", target)]
-    if method.name != "auto":
-        if draft is None:
-            raise ValueError(f"method {method.label!r} needs a draft model")
-        models.append(("draft", draft))
+    if method.name != "auto" and draft is None:
+        raise ValueError(f"method {method.label!r} needs a draft model")
     if method.rule == "dynamic" and weight_fn is None:
         raise ValueError(f"method {method.label!r} needs a weight_fn (a trained head) for its weights")
-    longest = max(len(p) for p in prompts)
-    lowest, highest = min(min(p) for p in prompts), max(max(p) for p in prompts)
-    for role, model in models:
-        needed = longest + max_new_tokens + draft_length.longest + 1
-        if model.context_length is not None and needed > model.context_length:
-            raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + a round "
-                             f"of drafts exceeds the {role}'s context of {model.context_length} tokens")
-        if lowest < 0 or highest >= model.vocab_size:
-            raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
-    if draft is not None and method.name != "auto" and draft.vocab_size != target.vocab_size:
+    if draft is not None and draft.vocab_size != target.vocab_size:
         raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
                          "logits)")
+    longest = max(prompts, key=len)
+    for role, model in (("target", target), ("draft", draft)):
+        if model is not None:
+            _check_prompt(model, role, longest, max_new_tokens, draft_length.longest)
+            if min(min(p) for p in prompts) < 0 or max(max(p) for p in prompts) >= model.vocab_size:
+                raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
+
+
+def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens: int, longest_round: int) -> None:
+    """A prompt must fit the model's context with max_new_tokens and a round of drafts, in its vocabulary."""
+    needed = len(prompt) + max_new_tokens + longest_round + 1
+    if model.context_length is not None and needed > model.context_length:
+        raise ValueError(f"the prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + a round of drafts "
+                         f"exceeds the {role}'s context of {model.context_length} tokens")
+    if min(prompt) < 0 or max(prompt) >= model.vocab_size:
+        raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")

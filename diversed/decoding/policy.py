@@ -1,0 +1,133 @@
+"""How each row of a batch is decoded: its method, sampling, random stream and head (a Policy), and the
+per-round sampling and verification of a batch whose rows may follow different policies.
+
+Rows that share one Policy object are sampled and verified together, in one call of diversed.verify, so a
+batch of one policy (a `decode` call) runs exactly as if there were no grouping; a server's rows, one
+policy per request, are verified request by request, each with its own rule, weight and seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from diversed.decoding.method import Method
+from diversed.decoding.profile import PhaseClock
+from diversed.decoding.sampling import Sampling
+from diversed.verify import Verification, verify
+
+# (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
+WeightFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(eq=False)
+class Policy:
+    """How a row is decoded. method: "auto" (the target alone) or a rule; weight_fn: the head of a
+    "diversed"/"dynamic" method; generator: the row's random stream; max_drafts: at most this many drafts
+    a round for this row (None: the batch's draft length)."""
+
+    method: Method = Method("exact")
+    sampling: Sampling = Sampling()
+    generator: torch.Generator | None = None
+    weight_fn: WeightFn | None = None
+    max_drafts: int | None = None
+
+    @property
+    def drafts(self) -> bool:
+        return self.method.name != "auto"
+
+
+class Groups:
+    """The rows of one round grouped by policy (in order of first appearance)."""
+
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        rows: dict[int, tuple[Policy, list[int]]] = {}
+        for row, policy in enumerate(policies):
+            rows.setdefault(id(policy), (policy, []))[1].append(row)
+        self.size = len(policies)
+        self.groups = list(rows.values())
+
+    @property
+    def hidden(self) -> bool:
+        """Whether any row needs the models' hidden states (a head)."""
+        return any(policy.method.rule == "dynamic" for policy, _ in self.groups)
+
+    def draft_caps(self, n: int) -> list[int]:
+        """Each row's drafts this round: n, or less for a row whose policy caps it (0 for the target alone)."""
+        caps = [n] * self.size
+        for policy, rows in self.groups:
+            cap = 0 if not policy.drafts else n if policy.max_drafts is None else min(n, policy.max_drafts)
+            for row in rows:
+                caps[row] = cap
+        return caps
+
+    def probs(self, logits: Tensor) -> Tensor:
+        """Each row's logits [B, ..., V] to its policy's sampling distributions."""
+        return self._apply(logits, lambda policy, part: policy.sampling.probs(part))
+
+    def sample(self, probs: Tensor) -> Tensor:
+        """One token per row of probs [B, V] -> [B], each from its own policy's random stream."""
+        return self._apply(probs, lambda policy, part: policy.sampling.sample(part, policy.generator))
+
+    def verify(self, drafts: Tensor, q: Tensor, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
+               h_target: Tensor | None, clock: PhaseClock) -> Verification:
+        """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] and
+        p [B, N + 1, V]; a row that kept all of its own drafts gets its bonus token from p after them."""
+        def one(policy: Policy, rows: slice | Tensor) -> Verification:
+            params = policy.method.verify_params()
+            if policy.method.rule == "dynamic":
+                with clock.phase("head"):
+                    params["weight"] = _checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
+                                                        drafts[rows].shape)
+            with clock.phase("verify"):
+                # The target-alone rows drafted nothing: any rule gives them p's token after their 0 drafts.
+                out = verify(policy.method.rule or "exact", drafts[rows], q[rows], p[rows],
+                             greedy=policy.sampling.greedy, generator=policy.generator, validate=False, **params)
+                return _limit_to_drafted(out, lengths[rows], p[rows], policy)
+
+        n = drafts.shape[1]
+        lengths = lengths.to(p.device)
+        if len(self.groups) == 1:
+            return one(self.groups[0][0], slice(None))
+        parts = [(torch.as_tensor(rows, device=p.device), one(policy, torch.as_tensor(rows, device=p.device)))
+                 for policy, rows in self.groups]
+        num_accepted, next_token = drafts.new_zeros(self.size), drafts.new_zeros(self.size)
+        accepted = torch.zeros(drafts.shape, dtype=torch.bool, device=p.device)
+        accept_prob = torch.zeros(drafts.shape, device=p.device)
+        for rows, out in parts:
+            num_accepted[rows], next_token[rows], accepted[rows], accept_prob[rows] = out.num_accepted, \
+                out.next_token, out.accepted, out.accept_prob
+        return Verification(num_accepted, next_token, accepted, accept_prob)
+
+    def _apply(self, x: Tensor, fn: Callable[[Policy, Tensor], Tensor]) -> Tensor:
+        if len(self.groups) == 1:
+            return fn(self.groups[0][0], x)
+        parts = [(rows, fn(policy, x[rows])) for policy, rows in self.groups]
+        out = parts[0][1].new_empty((self.size, *parts[0][1].shape[1:]))
+        for rows, part in parts:
+            out[rows] = part
+        return out
+
+
+def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, policy: Policy) -> Verification:
+    """Sequences that drafted fewer tokens than the round keep at most their own drafts; one that kept all
+    of them gets its bonus token from p at the position after its last draft."""
+    if bool((lengths == out.accepted.shape[1]).all()):
+        return out
+    short = out.num_accepted >= lengths
+    num_accepted = torch.minimum(out.num_accepted, lengths)
+    bonus = policy.sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], policy.generator)
+    accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
+    return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
+
+
+def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
+    """A weight function's output must be one w in [0, 1] per drafted token (cheap to check: [B, N])."""
+    if tuple(weight.shape) != tuple(shape):
+        raise ValueError(f"weight_fn returned weights of shape {tuple(weight.shape)}, expected {tuple(shape)}")
+    if not bool(((weight >= 0) & (weight <= 1)).all()):
+        raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
+    return weight
