@@ -39,14 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--draft-len", type=int,
-                     help="drafted tokens per round N (the first round's N of the other schedules)")
-    gen.add_argument("--draft-schedule", choices=SCHEDULES,
-                     help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
-                          "round the N, 0 = the target alone, that the speed model predicts fastest, from measured "
-                          "costs and running acceptance)")
-    gen.add_argument("--draft-confidence", type=float,
-                     help="stop drafting once a drafted token's probability is below this (0 = off)")
+    _add_drafting_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
@@ -98,6 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
 
+    srv = commands.add_parser("serve", help="an OpenAI-compatible server with a verification dial per request")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--method", default="exact",
+                     help="the rule of requests that name none (a request's 'verification' field overrides it)")
+    srv.add_argument("--head", action="append", default=[], metavar="NAME=DIR",
+                     help="load a trained head under a name that requests pick with 'head' (repeatable; the "
+                          "built-in pair's own head is loaded as 'default')")
+    srv.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
+    srv.add_argument("--max-waiting", type=int, default=64,
+                     help="requests queued beyond the batch; more are refused with 503 (default 64)")
+    srv.add_argument("--max-tokens", type=int, default=512, help="a chat request's limit when it sets none")
+    srv.add_argument("--model-name", help="the model id clients see (default: the target's name)")
+    _add_drafting_options(srv)
+    _add_model_options(srv)
+    srv.set_defaults(run=_serve)
+
     prep = commands.add_parser("prepare", help="assemble, check and convert the built-in default pair")
     prep.set_defaults(run=_prepare)
 
@@ -123,6 +133,17 @@ def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-unsandboxed", action="store_true",
                         help="where bubblewrap cannot isolate generated code, run it anyway with only resource "
                              "limits (otherwise code tasks refuse)")
+
+
+def _add_drafting_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-len", type=int,
+                        help="drafted tokens per round N (the first round's N of the other schedules)")
+    parser.add_argument("--draft-schedule", choices=SCHEDULES,
+                        help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
+                             "round the N, 0 = the target alone, that the speed model predicts fastest, from "
+                             "measured costs and running acceptance)")
+    parser.add_argument("--draft-confidence", type=float,
+                        help="stop drafting once a drafted token's probability is below this (0 = off)")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -180,6 +201,26 @@ def _generate(args: argparse.Namespace) -> int:
                   f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
             if args.profile:
                 print(profile_table(m["profile"]), flush=True)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from diversed.server import ServerConfig, serve
+
+    heads = {}
+    for spec in args.head:
+        name, _, folder = spec.partition("=")
+        if not name or not folder:
+            raise ValueError(f"--head takes NAME=DIR, got {spec!r}")
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(f"--head {name}: no folder {folder}")
+        heads[name] = folder
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    backend = _check_load_options(args)
+    config = ServerConfig(args.method, heads, args.max_batch, args.max_waiting, args.max_tokens,
+                          _drafting(args, DEFAULT_DRAFTING[backend]), args.model_name)
+    serve(_load(args), config, host=args.host, port=args.port)
     return 0
 
 

@@ -29,3 +29,23 @@ def encode_prompt(tokenizer, prompt: str, chat: bool | None = None, system: str 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class StreamedText:
+    """The text of a growing list of new tokens, released in pieces that are never taken back: an unfinished
+    UTF-8 character at the end is held back, and so is any end that may be the start of a stop string. The
+    pieces joined equal cut_at_stop(tokenizer.decode(tokens)) of the final tokens."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop, self.sent = tokenizer, tuple(stop), 0
+
+    def update(self, tokens: Sequence[int], final: bool = False) -> str:
+        """The text not yet released, for the tokens so far (all of it when `final`)."""
+        text = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), self.stop)
+        if not final:
+            text = text.rstrip("\ufffd")  # the replacement character of a byte sequence still incomplete
+            held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - held]
+        piece = text[self.sent:]
+        self.sent = max(self.sent, len(text))
+        return piece

@@ -81,6 +81,8 @@ class TransformersRows:
         self.valid = self.valid[index]
 
     def extend(self, count: int) -> None:
+        if not len(self.valid):  # an emptied batch starts afresh (its cache would keep a batch size of 0)
+            self.cache, self.valid = DynamicCache(), self.valid.new_zeros(0, 0)
         # New rows hold holes in every existing slot: zero keys and values that the mask hides.
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():

@@ -146,10 +146,10 @@ class Job:
 class Batch:
     """The running batch: both models' rows, one Job per row, and the draft length of the next round.
 
-    capacity: the most jobs at once. add() a job between rounds; step() runs one round (a step of the target alone, or a speculative round
-    in which each row is verified by its own policy) and drops the jobs that finished or were cancelled.
-    Not thread-safe: one thread adds and steps (a server's engine thread); `Job.cancelled` is the one field
-    other threads may set."""
+    capacity: the most jobs at once. add() a job between rounds; step() runs one round (a step of the
+    target alone, or a speculative round in which each row is verified by its own policy) and drops the
+    jobs that finished or were cancelled. Not thread-safe: one thread adds and steps (a server's engine
+    thread); `Job.cancelled` is the one field other threads may set."""
 
     def __init__(self, target: Model, draft: Model | None = None, *, draft_length: DraftLength = DraftLength(),
                  eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False) -> None:
@@ -240,10 +240,10 @@ class Batch:
     def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
         before = dict(self.clock.seconds)
         catching_up = max(map(len, self.pending.draft)) > 2  # the draft missed target-alone steps' tokens
-        # A round writes up to (drafts + 1) tokens: drafting past the most any sequence still needs is waste.
-        needed = max(job.max_new_tokens - len(job.tokens) for job in self.jobs)
+        # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
+        room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
         drafts, out, lengths = speculative_round(self.target_rows, self.draft_rows, self.pending,
-                                                 min(self.n, max(needed - 1, 1)), groups,
+                                                 groups.draft_caps(self.n, room), groups,
                                                  self.draft_length.confidence, self.clock)
         n_round = drafts.shape[1]
         kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
@@ -312,13 +312,13 @@ class _Pending:
         self.draft = [self.draft[row] for row in alive]
 
 
-def speculative_round(target: Rows, draft: Rows, pending: _Pending, n: int, groups: Groups, confidence: float,
-                      clock: PhaseClock) -> tuple[Tensor, Verification, Tensor]:
-    """Draft up to n tokens per row, verify them in one target forward, roll both models back to the kept
+def speculative_round(target: Rows, draft: Rows, pending: _Pending, caps: list[int], groups: Groups,
+                      confidence: float, clock: PhaseClock) -> tuple[Tensor, Verification, Tensor]:
+    """Draft up to caps[r] tokens for row r, verify them in one target forward, roll both models back to the kept
     tokens and set `pending` for the next round. Returns the drafts [B, n'], the verdict and each row's own
     draft length [B] (below n' where its policy caps it or the confidence cut-off stopped it)."""
     target_before, draft_before = target.lengths, draft.lengths
-    drafts, q, h_draft, lengths = _draft(draft, pending.draft, groups.draft_caps(n), groups, confidence, clock)
+    drafts, q, h_draft, lengths = _draft(draft, pending.draft, caps, groups, confidence, clock)
     n_round = drafts.shape[1]
     with clock.phase("target forward"):
         h_target, logits = target.feed([t + d for t, d in zip(pending.target, drafts.tolist(), strict=True)],

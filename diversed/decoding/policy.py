@@ -55,13 +55,14 @@ class Groups:
         """Whether any row needs the models' hidden states (a head)."""
         return any(policy.method.rule == "dynamic" for policy, _ in self.groups)
 
-    def draft_caps(self, n: int) -> list[int]:
-        """Each row's drafts this round: n, or less for a row whose policy caps it (0 for the target alone)."""
-        caps = [n] * self.size
+    def draft_caps(self, n: int, room: Sequence[int]) -> list[int]:
+        """Each row's drafts this round: n, but at most room[r] (what row r may still write, less the round's
+        own last token) and its policy's cap (0 for the target alone). A row's rounds then break where they
+        would if it ran alone, whatever else is in the batch."""
+        caps = [min(n, max(r, 1)) for r in room]
         for policy, rows in self.groups:
-            cap = 0 if not policy.drafts else n if policy.max_drafts is None else min(n, policy.max_drafts)
             for row in rows:
-                caps[row] = cap
+                caps[row] = 0 if not policy.drafts else min(caps[row], policy.max_drafts or n)
         return caps
 
     def probs(self, logits: Tensor) -> Tensor:

@@ -1,0 +1,308 @@
+"""`diversed serve`: an OpenAI-compatible HTTP server over one loaded pair (FastAPI on uvicorn).
+
+POST /v1/completions and /v1/chat/completions (streamed as server-sent events with `stream: true`), each
+request with its own verification rule, weight and head (diversed.server.protocol); GET /v1/models,
+/health and /metrics (Prometheus). Requests join one continuously batched decoding loop
+(diversed.server.worker); a client that goes away frees its row at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from diversed.decoding.engine import Batch, Job
+from diversed.decoding.method import Method
+from diversed.decoding.policy import Policy
+from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
+from diversed.generation import load_head
+from diversed.head.model import EnsembleHead
+from diversed.models.loading import Pair
+from diversed.server.metrics import Metrics
+from diversed.server.protocol import FINISH_REASONS, BadRequest, Call, Reply, error_body, parse_call, usage
+from diversed.server.worker import QueueFull, Worker
+from diversed.text import StreamedText, stop_checker
+
+
+@dataclass
+class ServerConfig:
+    """What a server runs. method: the rule of requests that name none; heads: name -> head folder ("default",
+    the head that ships for the built-in pair, is added when it fits the pair); max_batch: requests decoded
+    together; max_waiting: requests queued beyond them (more get 503); max_tokens: a chat request's limit
+    when it sets none; draft_length: the batch's drafting (None: the backend's default)."""
+
+    method: str = "exact"
+    heads: dict[str, str] = field(default_factory=dict)
+    max_batch: int = 8
+    max_waiting: int = 64
+    max_tokens: int = 512
+    draft_length: DraftLength | None = None
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_waiting < 0 or self.max_tokens < 1:
+            raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
+                             f"{self.max_tokens} and {self.max_waiting}")
+        if Method.parse(self.method).name == "dynamic":
+            raise ValueError("method 'dynamic' needs a weight function: use 'diversed' with a head")
+
+
+class Server:
+    """The pair, its heads, the engine thread and the metrics behind the routes."""
+
+    def __init__(self, pair: Pair, config: ServerConfig) -> None:
+        self.pair, self.config = pair, config
+        self.model_name = config.model_name or pair.target_name
+        self.default_method = Method.parse(config.method)
+        self.heads: dict[str, EnsembleHead] = {name: load_head(pair, folder) for name, folder in config.heads.items()}
+        if "default" not in self.heads:
+            try:
+                self.heads["default"] = load_head(pair)
+            except ValueError:  # the shipped head fits the built-in pair only
+                pass
+        if self.default_method.name == "diversed" and self.default_method.head not in (None, *self.heads):
+            raise ValueError(f"--method {config.method}: no head named {self.default_method.head!r} is loaded")
+        self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
+        self.metrics = Metrics()
+        self.worker = Worker(self._new_batch, config.max_waiting, self._gauges)
+
+    def _new_batch(self) -> Batch:
+        return Batch(self.pair.target, self.pair.draft, draft_length=self.drafting,
+                     eos_token_ids=self.pair.eos_token_ids, capacity=self.config.max_batch)
+
+    def _gauges(self, running: int, waiting: int) -> None:
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(waiting)
+
+    def job(self, call: Call) -> Job:
+        """The decoding job of a checked call: tokens, policy (rule, sampling, seed, head, draft cap), limits;
+        BadRequest for what only the pair can tell (unknown head, prompt too long for the context)."""
+        tokenizer = self.pair.tokenizer
+        if call.chat:
+            if tokenizer.chat_template is None:
+                raise BadRequest(f"{self.model_name} has no chat template: use /v1/completions", "messages")
+            ids = tokenizer.apply_chat_template(call.prompt, tokenize=True, add_generation_prompt=True,
+                                                return_dict=False)
+        else:
+            ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
+        method, weight_fn = call.method, None
+        if method.name == "diversed":
+            name = call.head or method.head or next(iter(self.heads), None)
+            if name not in self.heads:
+                loaded = ", ".join(self.heads) or "none"
+                raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else
+                                 "verification 'diversed' needs a head and this server loaded none", "head",
+                                 "head_not_found")
+            weight_fn, method = self.heads[name], Method("diversed", head=name)
+        generator = torch.Generator(device=self.pair.target.device)
+        generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
+        room = (self.pair.target.context_length or 2**31) - len(ids) - self.drafting.longest - 1
+        max_tokens = call.max_tokens or max(min(self.config.max_tokens, room), 1)
+        job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length), max_tokens,
+                  stop_checker(tokenizer, call.stop))
+        try:
+            self.worker.batch.check(job)
+        except ValueError as error:
+            param = "max_tokens" if call.max_tokens and room >= 1 else "messages" if call.chat else "prompt"
+            raise BadRequest(str(error).replace("max_new_tokens", "max_tokens"), param,
+                             "context_length_exceeded") from None
+        return job
+
+
+class _Events:
+    """A job's progress as the event loop sees it: the engine thread's callbacks become queue items
+    (a snapshot of the tokens and whether the job is finished, or an error)."""
+
+    def __init__(self, server: Server, job: Job, arrived: float) -> None:
+        self.server, self.job, self.arrived, self.last = server, job, arrived, None
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        job.on_tokens = self._on_tokens
+
+    def _on_tokens(self, job: Job, new: list[int]) -> None:  # the engine thread
+        now, metrics = time.perf_counter(), self.server.metrics
+        if new:
+            metrics.generation_tokens.inc(len(new))
+            if self.last is None:
+                metrics.time_to_first_token.observe(now - self.arrived)
+            else:
+                for _ in new:
+                    metrics.inter_token_latency.observe((now - self.last) / len(new))
+            self.last = now
+        if job.finished:
+            stats = job.stats
+            metrics.requests.labels(FINISH_REASONS[stats.finish_reason]).inc()
+            metrics.e2e_latency.observe(now - self.arrived)
+            if job.policy.drafts:
+                metrics.record_rounds(job.policy.method.label, stats.drafted, stats.accepted,
+                                      stats.reached[0] if stats.reached else 0, stats.kept)
+        self._put(("tokens", list(job.tokens), job.finished))
+
+    def fail(self, job: Job, message: str) -> None:  # the engine thread
+        self.server.metrics.errors.labels("500").inc()
+        self._put(("error", message, True))
+
+    def _put(self, item: tuple) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[tuple]:
+        while True:
+            item = await self.queue.get()
+            yield item
+            if item[2]:
+                return
+
+
+def create_app(pair: Pair, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app serving `pair`; the engine thread starts and stops with the app (its lifespan):
+    on shutdown (SIGTERM under uvicorn) running and queued requests finish first."""
+    server = Server(pair, config or ServerConfig())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.worker.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, server.worker.stop)
+
+    app = FastAPI(title="diversed", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(BadRequest)
+    async def refused(request: Request, error: BadRequest) -> JSONResponse:
+        server.metrics.errors.labels(str(error.status)).inc()
+        headers = {"Retry-After": "1"} if error.status == 503 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = server.worker.alive
+        return JSONResponse({"status": "ok" if ok else "engine stopped", "running": server.worker.running,
+                             "waiting": server.worker.waiting}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
+                                            "owned_by": "diversed", "heads": sorted(server.heads)}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(server, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(server, request, chat=True)
+
+    return app
+
+
+async def _complete(server: Server, request: Request, chat: bool) -> Response:
+    arrived = time.perf_counter()
+    try:
+        body = json.loads(await request.body())
+    except ValueError as error:
+        raise BadRequest(f"the request body is not valid JSON: {error}", None, "invalid_json") from None
+    call = parse_call(body, chat, server.default_method)
+    if call.model is not None and call.model != server.model_name:
+        raise BadRequest(f"the model {call.model!r} does not exist; this server has {server.model_name!r}", "model",
+                         "model_not_found", status=404)
+    job = server.job(call)
+    events = _Events(server, job, arrived)
+    try:
+        server.worker.submit(job, events.fail)
+    except QueueFull as error:
+        raise BadRequest(f"the server is overloaded ({error}); retry later", None, "server_overloaded",
+                         status=503) from None
+    server.metrics.prompt_tokens.inc(len(job.prompt))
+    reply = Reply(chat, server.model_name)
+    text = StreamedText(server.pair.tokenizer, call.stop)
+    if call.stream:
+        return StreamingResponse(_stream(server, job, events, reply, text, call), media_type="text/event-stream")
+    return await _whole(server, request, job, events, reply, text)
+
+
+def _speculative(job: Job) -> dict:
+    stats = job.stats.to_dict()
+    return {"verification": job.policy.method.label,
+            **{k: stats[k] for k in ("drafted", "accepted", "acceptance_rate", "tau", "tokens_per_s",
+                                     "per_position_acceptance")}}
+
+
+async def _whole(server: Server, request: Request, job: Job, events: _Events, reply: Reply,
+                 text: StreamedText) -> Response:
+    """Wait for the job, watching for the client going away (then its row is freed)."""
+    items = aiter(events)
+    pending = asyncio.ensure_future(anext(items))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            if not done:
+                if await request.is_disconnected():
+                    job.cancelled = True
+                    server.worker.wake()
+                    return Response(status_code=499)
+                continue
+            kind, payload, finished = pending.result()
+            if kind == "error":
+                return JSONResponse(error_body(payload, "server_error"), status_code=500)
+            if finished:
+                body = reply.whole(text.update(payload, final=True), FINISH_REASONS[job.stats.finish_reason],
+                                   usage(len(job.prompt), len(payload)), _speculative(job))
+                return JSONResponse(body)
+            pending = asyncio.ensure_future(anext(items))
+    finally:
+        pending.cancel()
+
+
+async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text: StreamedText,
+                  call: Call) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per round's new text, the finish reason, usage if asked, [DONE]. A client
+    that disconnects cancels the generator here, which cancels the job."""
+    def sse(body: dict) -> str:
+        return f"data: {json.dumps(body)}\n\n"
+
+    try:
+        first = True
+        if reply.chat:  # the role comes first, as OpenAI sends it
+            yield sse(reply.chunk(None, first=True))
+            first = False
+        async for kind, payload, finished in events:
+            if kind == "error":
+                yield sse(error_body(payload, "server_error"))
+                break
+            piece = text.update(payload, final=finished)
+            if piece:
+                yield sse(reply.chunk(piece, first=first))
+                first = False
+            if finished:
+                yield sse(reply.chunk(None if reply.chat else "", FINISH_REASONS[job.stats.finish_reason]))
+                if call.include_usage:
+                    yield sse(reply.usage_chunk(usage(len(job.prompt), len(payload)), _speculative(job)))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not job.finished:
+            job.cancelled = True
+            server.worker.wake()
+
+
+def serve(pair: Pair, config: ServerConfig | None = None, *, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve `pair` until SIGINT or SIGTERM, which first lets running and queued requests finish."""
+    import uvicorn
+
+    uvicorn.run(create_app(pair, config), host=host, port=port, log_level="info")

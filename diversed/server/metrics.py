@@ -1,0 +1,58 @@
+"""The server's Prometheus metrics (prometheus-client), named like vLLM's where vLLM has one, with the
+verification rule as a label on the speculative counters.
+
+Each server has its own registry, so several can live in one process (the tests start many)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Seconds: from a few milliseconds (a kept draft) to minutes (a long prompt behind a full batch).
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                    20.0, 40.0, 80.0)
+
+
+class Metrics:
+    """What /metrics exposes."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.running = Gauge("diversed:num_requests_running", "Requests in the decoding batch.", registry=registry)
+        self.waiting = Gauge("diversed:num_requests_waiting", "Requests queued for the batch.", registry=registry)
+        self.requests = Counter("diversed:request_success", "Finished requests, by finish reason.",
+                                ["finished_reason"], registry=registry)
+        self.errors = Counter("diversed:request_errors", "Refused or failed requests, by HTTP status.", ["status"],
+                              registry=registry)
+        self.prompt_tokens = Counter("diversed:prompt_tokens", "Prompt tokens of admitted requests.",
+                                     registry=registry)
+        self.generation_tokens = Counter("diversed:generation_tokens", "Generated tokens.", registry=registry)
+        self.time_to_first_token = Histogram("diversed:time_to_first_token_seconds",
+                                             "From arrival to the first generated token.",
+                                             buckets=_LATENCY_BUCKETS, registry=registry)
+        self.inter_token_latency = Histogram("diversed:inter_token_latency_seconds",
+                                             "Between consecutive generated tokens of a request (the tokens of "
+                                             "one round share its interval).", buckets=_LATENCY_BUCKETS,
+                                             registry=registry)
+        self.e2e_latency = Histogram("diversed:e2e_request_latency_seconds", "From arrival to the last token.",
+                                     buckets=_LATENCY_BUCKETS, registry=registry)
+        self.drafts = Counter("diversed:spec_decode_num_drafts", "Rounds that drafted (per request row).",
+                              ["verification"], registry=registry)
+        self.draft_tokens = Counter("diversed:spec_decode_num_draft_tokens", "Drafted tokens.", ["verification"],
+                                    registry=registry)
+        self.accepted_tokens = Counter("diversed:spec_decode_num_accepted_tokens", "Drafted tokens kept.",
+                                       ["verification"], registry=registry)
+        self.accepted_per_position = Counter("diversed:spec_decode_num_accepted_tokens_per_pos",
+                                             "Drafted tokens kept, by position in the round (0 = first draft).",
+                                             ["verification", "position"], registry=registry)
+
+    def record_rounds(self, verification: str, drafted: int, accepted: int, rounds: int, kept: list[int]) -> None:
+        """Add a finished request's speculative counters (SequenceStats: rounds that drafted, tokens drafted and
+        kept, and how many rounds kept each position)."""
+        self.drafts.labels(verification).inc(rounds)
+        self.draft_tokens.labels(verification).inc(drafted)
+        self.accepted_tokens.labels(verification).inc(accepted)
+        for position, count in enumerate(kept):
+            self.accepted_per_position.labels(verification, str(position)).inc(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,241 @@
+"""The OpenAI wire format: request bodies checked into a Call, and the response and chunk bodies.
+
+Every field a client may send is either used, accepted at its neutral value only (e.g. presence_penalty 0),
+or refused with a BadRequest naming it: nothing a client asks for is silently ignored. The verification
+dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
+rule as `--method` spells it, `head`, the name of a head the server loaded, and `draft_length`, a cap on
+the drafts per round for this request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from diversed.decoding.method import Method
+from diversed.decoding.sampling import Sampling
+
+
+class BadRequest(Exception):
+    """A request the server refuses, with OpenAI's error fields: the message, the offending parameter and
+    a code; `status` is the HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return error_body(self.message, kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A checked completion request: the prompt (text, or chat messages), how to decode it, how to reply."""
+
+    chat: bool
+    prompt: str | list[dict]
+    method: Method
+    head: str | None
+    sampling: Sampling
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    seed: int | None
+    draft_length: int | None
+    stream: bool
+    include_usage: bool
+    model: str | None
+
+
+# Fields accepted only at the value that changes nothing (OpenAI's defaults).
+_NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logprobs": (None, False, 0),
+            "top_logprobs": (None, 0), "echo": (False, None), "best_of": (1, None), "logit_bias": (None, {}),
+            "suffix": (None, ""), "n": (1, None), "tools": (None, []), "tool_choice": (None, "none"),
+            "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})}
+_IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields that do not change the output
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
+           "verification", "head", "draft_length", *_NEUTRAL, *_IGNORED}
+_FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
+_ROLES = ("system", "user", "assistant", "developer")
+
+
+def parse_call(body, chat: bool, default_method: Method) -> Call:
+    """Check a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS[chat])
+    if unknown:
+        raise BadRequest(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
+    for name, neutral in _NEUTRAL.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
+            what = "more than one choice (n > 1)" if name == "n" else f"{name} = {body[name]!r}"
+            raise BadRequest(f"this server does not support {what}; leave {name} out", name, "unsupported_parameter")
+    prompt = _messages(body) if chat else _prompt(body)
+    method, head = _method(body, default_method)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise BadRequest("top_p must be in (0, 1]", "top_p")
+    top_k = _integer(body, "top_k", 0, 0)
+    tokens_field = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _integer(body, tokens_field, None if chat else 16, 1)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise BadRequest("stream_options must be an object with at most include_usage", "stream_options")
+    if options is not None and not stream:
+        raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+    include_usage = _flag(options or {}, "include_usage", "stream_options.include_usage")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string", "model")
+    return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
+                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), stream, include_usage,
+                model)
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string (one prompt a request)", "prompt")
+    if not prompt:
+        raise BadRequest("prompt is empty", "prompt")
+    return prompt
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise BadRequest(f"messages[{i}] must be an object with a role in {list(_ROLES)}", f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text parts only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest(f"messages[{i}].content may hold only text parts", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string", f"messages[{i}].content")
+        checked.append({"role": "system" if message["role"] == "developer" else message["role"], "content": content})
+    return checked
+
+
+def _method(body: dict, default: Method) -> tuple[Method, str | None]:
+    text = body.get("verification")
+    head = body.get("head")
+    if head is not None and not isinstance(head, str):
+        raise BadRequest("head must be the name of a loaded head", "head")
+    if text is None:
+        method = default if head is None else Method("diversed")
+    else:
+        if not isinstance(text, str):
+            raise BadRequest("verification must be a string such as 'exact', 'static:0.7' or 'diversed'",
+                             "verification")
+        name, _, value = text.partition(":")
+        if name == "diversed" and value:  # the head by name: a client never names a folder on the server
+            text, head = name, value if head is None else head
+        try:
+            method = Method.parse(text)
+        except ValueError as error:
+            raise BadRequest(f"verification {text!r}: {error}", "verification") from None
+        if method.name == "dynamic":
+            raise BadRequest("verification 'dynamic' needs a weight function: use 'diversed' with a head",
+                             "verification")
+    if head is not None and method.name != "diversed":
+        raise BadRequest(f"head is for verification 'diversed', not {method.label!r}", "head")
+    return method, head
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or \
+            not low <= value <= high:
+        raise BadRequest(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+        raise BadRequest(f"{name} must be an integer >= {low}, got {value!r}", name)
+    return value
+
+
+def _flag(body: dict, name: str, param: str | None = None) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{param or name} must be true or false", param or name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("stop must be a non-empty string or a list of at most 4 of them", "stop")
+    return tuple(stop)
+
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+@dataclass
+class Reply:
+    """The response envelope of one call: id, time, model and object kinds."""
+
+    chat: bool
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _envelope(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def whole(self, text: str, finish_reason: str, usage: dict, speculative: dict) -> dict:
+        """The non-streamed response."""
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": finish_reason} if self.chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self._envelope(kind, [choice]), "usage": usage, "speculative": speculative}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
+        """One streamed chunk: new text, and on the last the finish reason."""
+        if self.chat:
+            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, usage: dict, speculative: dict) -> dict:
+        """The chunk after the last, with usage (stream_options.include_usage) and no choices."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._envelope(kind, []), "usage": usage, "speculative": speculative}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
