@@ -27,6 +27,11 @@ def encode_prompt(tokenizer, prompt: str, chat: bool | None = None, system: str 
     if not chat:
         return tokenizer(prompt, add_special_tokens=True)["input_ids"]
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return encode_messages(tokenizer, messages)
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the chat template, ready for the assistant's turn."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

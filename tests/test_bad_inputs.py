@@ -361,3 +361,32 @@ def test_inputs_that_are_fine_give_the_right_result():
     assert check_request(["a\x00b", "x" * 100_000]).prompts == ["a\x00b", "x" * 100_000]
     assert Method.parse("static:0").weight == 0.0 and Method.parse("static:1").weight == 1.0
     assert check_load_options(None, None) == "llama.cpp"
+
+
+SERVE = [
+    (["--head", "flat"], "NAME=DIR"),
+    (["--head", "flat={missing}"], "no folder"),
+    (["--port", "0"], "--port"),
+    (["--port", "70000"], "--port"),
+    (["--method", "dynamic"], "weight function"),
+    (["--method", "strict"], "method must be one of"),
+    (["--method", "static:2"], "static"),
+    (["--max-batch", "0"], "max_batch"),
+    (["--max-waiting", "-1"], "max_waiting"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--draft-len", "0"], "draft length"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), SERVE, ids=[" ".join(a) for a, _ in SERVE])
+def test_serve_refuses_before_loading(files, capsys, no_loading, args, message):
+    code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert message in err.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--head", "flat={head}"], "corrupt head"),
+                                               (["--method", "diversed:nothere"], "no head named")])
+def test_serve_refuses_bad_heads_once_the_models_load(files, capsys, args, message):
+    code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
+    assert code == 2 and message in err and "Traceback" not in err, err

@@ -101,8 +101,9 @@ class Job:
     """One sequence of a batch: its prompt (token ids), how it is decoded, where it stops, and what it wrote.
 
     on_tokens(job, new) is called from the decoding loop with each round's new tokens (cut at EOS, the
-    length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled);
-    job.stats.finish_reason says whether it is done ("eos", "stop", "length" or "cancelled").
+    length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled, or
+    failed: `error` says why); job.stats.finish_reason says whether it is done ("eos", "stop", "length",
+    "cancelled" or "error").
     Set `cancelled` from any thread: the job leaves the batch before the next round."""
 
     prompt: list[int]
@@ -111,6 +112,7 @@ class Job:
     stop: StopFn | None = None
     on_tokens: Callable[[Job, list[int]], None] | None = None
     cancelled: bool = False
+    error: str = ""
     tokens: list[int] = field(default_factory=list)
     bonus: list[bool] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
@@ -119,6 +121,13 @@ class Job:
     @property
     def finished(self) -> bool:
         return bool(self.stats.finish_reason)
+
+    def end(self, reason: str, error: str = "") -> None:
+        """Finish without new tokens: cancelled, or failed with `error`."""
+        self.stats.finish_reason, self.error = reason, error
+        self.stats.wall_time = time.perf_counter() - self.started
+        if self.on_tokens is not None:
+            self.on_tokens(self, [])
 
     def emit(self, new: list[int], eos: set[int], last_is_bonus: bool = False) -> bool:
         """Append new tokens, cut at EOS, the length limit or a stop string; True if the job is finished."""
@@ -202,10 +211,7 @@ class Batch:
         """One round for every job; returns the jobs that left the batch (finished or cancelled)."""
         for job in self.jobs:
             if job.cancelled and not job.finished:
-                job.stats.finish_reason = "cancelled"
-                job.stats.wall_time = time.perf_counter() - job.started
-                if job.on_tokens is not None:
-                    job.on_tokens(job, [])
+                job.end("cancelled")
         left = self._drop([job.finished for job in self.jobs])
         if not self.jobs:
             return left
@@ -229,9 +235,10 @@ class Batch:
         token = target_step(self.target_rows, self.pending.target, groups, self.clock)
         self.pending.target = [[t] for t in token]
         self.pending.draft = [d + [t] for d, t in zip(self.pending.draft, token, strict=True)]
-        for job, t in zip(self.jobs, token, strict=True):
+        for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
-            job.emit([t], self.eos)
+            if not _failed(job, groups, row):
+                job.emit([t], self.eos)
         if speed is not None and self.n == 0:
             if not prefill:  # a round that fed prompts is not a step's cost
                 speed.observe_plain(self.clock.seconds["target forward"] - before)
@@ -247,10 +254,11 @@ class Batch:
                                                  self.draft_length.confidence, self.clock)
         n_round = drafts.shape[1]
         kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
-        for job, drafted_row, kept, drafted, nxt in zip(self.jobs, drafts.tolist(), kept_counts, drafted_counts,
-                                                        out.next_token.tolist(), strict=True):
+        for row, (job, drafted_row, kept, drafted, nxt) in enumerate(zip(
+                self.jobs, drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
             job.stats.add_round(drafted, kept, draft_forwards=n_round)
-            job.emit(drafted_row[:kept] + [nxt], self.eos, last_is_bonus=kept == drafted)
+            if not _failed(job, groups, row):
+                job.emit(drafted_row[:kept] + [nxt], self.eos, last_is_bonus=kept == drafted)
         if speed is None:
             fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
             self.n = self.draft_length.next(self.n, fully_kept)  # from the length asked for: a cut-off is no verdict
@@ -289,6 +297,14 @@ class Batch:
                 self.draft_rows.select(alive)
             self.pending.select(alive)
         return left
+
+
+def _failed(job: Job, groups: Groups, row: int) -> bool:
+    """End the job of a row whose policy raised this round (Groups.failed); whether it did."""
+    if row in groups.failed:
+        error = groups.failed[row]
+        job.end("error", f"{type(error).__name__}: {error}")
+    return row in groups.failed
 
 
 def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: PhaseClock) -> list[int]:

@@ -3,7 +3,9 @@ per-round sampling and verification of a batch whose rows may follow different p
 
 Rows that share one Policy object are sampled and verified together, in one call of diversed.verify, so a
 batch of one policy (a `decode` call) runs exactly as if there were no grouping; a server's rows, one
-policy per request, are verified request by request, each with its own rule, weight and seed.
+policy per request, are verified request by request, each with its own rule, weight and seed. Where the
+rows follow several policies, one whose sampling, head or rule raises fails its own rows only (`failed`):
+the others' round goes on.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Groups:
             rows.setdefault(id(policy), (policy, []))[1].append(row)
         self.size = len(policies)
         self.groups = list(rows.values())
+        self.failed: dict[int, Exception] = {}  # row -> what its policy raised this round
 
     @property
     def hidden(self) -> bool:
@@ -93,24 +96,37 @@ class Groups:
         lengths = lengths.to(p.device)
         if len(self.groups) == 1:
             return one(self.groups[0][0], slice(None))
-        parts = [(torch.as_tensor(rows, device=p.device), one(policy, torch.as_tensor(rows, device=p.device)))
-                 for policy, rows in self.groups]
         num_accepted, next_token = drafts.new_zeros(self.size), drafts.new_zeros(self.size)
         accepted = torch.zeros(drafts.shape, dtype=torch.bool, device=p.device)
         accept_prob = torch.zeros(drafts.shape, device=p.device)
-        for rows, out in parts:
-            num_accepted[rows], next_token[rows], accepted[rows], accept_prob[rows] = out.num_accepted, \
-                out.next_token, out.accepted, out.accept_prob
+        for policy, rows in self.groups:
+            index = torch.as_tensor(rows, device=p.device)
+            out = self._guarded(rows, one, policy, index)
+            if out is not None:
+                num_accepted[index], next_token[index], accepted[index], accept_prob[index] = \
+                    out.num_accepted, out.next_token, out.accepted, out.accept_prob
         return Verification(num_accepted, next_token, accepted, accept_prob)
 
     def _apply(self, x: Tensor, fn: Callable[[Policy, Tensor], Tensor]) -> Tensor:
         if len(self.groups) == 1:
             return fn(self.groups[0][0], x)
-        parts = [(rows, fn(policy, x[rows])) for policy, rows in self.groups]
-        out = parts[0][1].new_empty((self.size, *parts[0][1].shape[1:]))
+        parts = [(rows, self._guarded(rows, fn, policy, x[rows])) for policy, rows in self.groups]
+        done = [part for _, part in parts if part is not None]
+        out = x.new_zeros(x.shape) if not done else done[0].new_zeros((self.size, *done[0].shape[1:]))
         for rows, part in parts:
-            out[rows] = part
+            if part is not None:
+                out[rows] = part
         return out
+
+    def _guarded(self, rows: list[int], compute: Callable, *args):
+        """compute(*args) for a group of a mixed batch; None, and its rows failed, if it raises."""
+        if any(row in self.failed for row in rows):
+            return None
+        try:
+            return compute(*args)
+        except Exception as error:  # noqa: BLE001 - one policy's failure is its rows' alone
+            self.failed.update(dict.fromkeys(rows, error))
+            return None
 
 
 def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, policy: Policy) -> Verification:

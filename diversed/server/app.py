@@ -31,7 +31,7 @@ from diversed.models.loading import Pair
 from diversed.server.metrics import Metrics
 from diversed.server.protocol import FINISH_REASONS, BadRequest, Call, Reply, error_body, parse_call, usage
 from diversed.server.worker import QueueFull, Worker
-from diversed.text import StreamedText, stop_checker
+from diversed.text import StreamedText, encode_messages, stop_checker
 
 
 @dataclass
@@ -91,8 +91,7 @@ class Server:
         if call.chat:
             if tokenizer.chat_template is None:
                 raise BadRequest(f"{self.model_name} has no chat template: use /v1/completions", "messages")
-            ids = tokenizer.apply_chat_template(call.prompt, tokenize=True, add_generation_prompt=True,
-                                                return_dict=False)
+            ids = encode_messages(tokenizer, call.prompt)
         else:
             ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
         method, weight_fn = call.method, None
@@ -130,6 +129,9 @@ class _Events:
         job.on_tokens = self._on_tokens
 
     def _on_tokens(self, job: Job, new: list[int]) -> None:  # the engine thread
+        if job.stats.finish_reason == "error":
+            self.fail(job, f"decoding failed: {job.error}")
+            return
         now, metrics = time.perf_counter(), self.server.metrics
         if new:
             metrics.generation_tokens.inc(len(new))
@@ -141,7 +143,7 @@ class _Events:
             self.last = now
         if job.finished:
             stats = job.stats
-            metrics.requests.labels(FINISH_REASONS[stats.finish_reason]).inc()
+            metrics.requests.labels(stats.finish_reason).inc()
             metrics.e2e_latency.observe(now - self.arrived)
             if job.policy.drafts:
                 metrics.record_rounds(job.policy.method.label, stats.drafted, stats.accepted,

@@ -19,7 +19,8 @@ class Metrics:
         self.registry = registry = CollectorRegistry()
         self.running = Gauge("diversed:num_requests_running", "Requests in the decoding batch.", registry=registry)
         self.waiting = Gauge("diversed:num_requests_waiting", "Requests queued for the batch.", registry=registry)
-        self.requests = Counter("diversed:request_success", "Finished requests, by finish reason.",
+        self.requests = Counter("diversed:request_success",
+                                "Finished requests, by finish reason (eos, stop, length, cancelled).",
                                 ["finished_reason"], registry=registry)
         self.errors = Counter("diversed:request_errors", "Refused or failed requests, by HTTP status.", ["status"],
                               registry=registry)

@@ -57,8 +57,9 @@ class Worker:
         with self._wake:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting already")
+            free_rows = max(self.batch.capacity - len(self.batch.jobs), 0)  # the queue holds joiners too
+            if len(self._waiting) >= self.max_waiting + free_rows:
+                raise QueueFull(f"{len(self.batch.jobs)} requests are running and {len(self._waiting)} waiting")
             self._waiting.append((job, on_error))
             self._wake.notify()
         self._report()

@@ -1,0 +1,419 @@
+"""`diversed serve` through the official openai client, on the tiny models: completions, chat, streaming,
+the verification dial, errors, metrics, the queue, disconnects, failures, a load test, and draining on
+SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import openai
+import pytest
+import torch
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from diversed.decoding.schedule import DraftLength
+from diversed.generation import generate
+from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.models.loading import Pair
+from diversed.server import ServerConfig, create_app
+from diversed.verify import verification_target
+
+from tiny import WORDS, perturbed, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
+
+CHAT_TEMPLATE = "{% for m in messages %}t{{ 2 + (m['role'] == 'user') }} {{ m['content'] }} {% endfor %}t4"
+DRAFTING = DraftLength(3)
+RULES = ["exact", "static:0.7", "lossy:0.3", "auto", "diversed"]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Pair:
+    target = tiny_model(0, vocab=WORDS, hidden=32)
+    tokenizer = word_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return Pair(perturbed(target, 0.05, 1), target, tokenizer, "tiny-draft", "tiny-target")
+
+
+@pytest.fixture(scope="module")
+def head_dir(pair, tmp_path_factory) -> str:
+    """A head for the tiny pair that gives w = 0.3 everywhere (an untrained head starts at its initial w)."""
+    folder = tmp_path_factory.mktemp("head")
+    EnsembleHead(HeadConfig(32, 32, initial_weight=0.3, draft_model="tiny-draft", target_model="tiny-target")
+                 ).save(folder)
+    return str(folder)
+
+
+class _Slow:
+    """A backend model whose every forward takes at least `delay` seconds: requests overlap for sure."""
+
+    def __init__(self, model, delay: float) -> None:
+        self._model, self._delay = model, delay
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def rows(self, count, capacity=None):
+        rows, delay = self._model.rows(count, capacity), self._delay
+
+        class SlowRows:
+            def __getattr__(self, name):
+                return getattr(rows, name)
+
+            def feed(self, *args, **kwargs):
+                time.sleep(delay)
+                return rows.feed(*args, **kwargs)
+
+        return SlowRows()
+
+
+@contextmanager
+def serving(pair: Pair, delay: float = 0.0, **options):
+    """A server on a free loopback port in this process; yields (base url, app)."""
+    if delay:
+        pair = Pair(_Slow(pair.draft, delay), _Slow(pair.target, delay), pair.tokenizer, pair.draft_name,
+                    pair.target_name)
+    app = create_app(pair, ServerConfig(**{"draft_length": DRAFTING, **options}))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(pair, head_dir):
+    with serving(pair, heads={"flat": head_dir}) as (url, app):
+        yield url, app
+
+
+def solo(pair: Pair, prompt: str, rule: str, max_tokens: int, head_dir: str, chat: bool = False) -> str:
+    """What `generate` writes for the prompt alone at T = 0 with the server's drafting."""
+    method = f"diversed:{head_dir}" if rule == "diversed" else rule
+    return generate(pair, prompt, method=method, temperature=0, max_new_tokens=max_tokens, chat=chat,
+                    draft_length=DRAFTING)[0].text
+
+
+def test_completion_equals_generate_and_reports_usage_and_speculative_metrics(server, pair, head_dir):
+    url, _ = server
+    out = client(url).completions.create(model="tiny-target", prompt="t5 t6 t7", max_tokens=12, temperature=0)
+    assert out.choices[0].text == solo(pair, "t5 t6 t7", "exact", 12, head_dir)
+    assert out.choices[0].finish_reason in ("length", "stop")
+    assert out.usage.prompt_tokens == 3 and out.usage.completion_tokens <= 12
+    speculative = out.model_extra["speculative"]
+    assert speculative["verification"] == "exact" and speculative["drafted"] >= speculative["accepted"] >= 0
+
+
+def test_chat_uses_the_chat_template(server, pair, head_dir):
+    url, _ = server
+    out = client(url).chat.completions.create(model="tiny-target", messages=[{"role": "user", "content": "t8 t9"}],
+                                              max_tokens=10, temperature=0)
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == solo(pair, "t8 t9", "exact", 10, head_dir, chat=True)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_chunks_join_into_the_whole_response_with_usage_last(server, chat):
+    url, _ = server
+    api = client(url)
+    args = dict(model="tiny-target", max_tokens=15, temperature=0, extra_body={"verification": "static:0.6"})
+    if chat:
+        messages = [{"role": "user", "content": "t11 t12"}]
+        whole = api.chat.completions.create(messages=messages, **args).choices[0].message.content
+        chunks = list(api.chat.completions.create(messages=messages, stream=True,
+                                                  stream_options={"include_usage": True}, **args))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[0].choices[0].delta.role == "assistant"
+    else:
+        whole = api.completions.create(prompt="t11 t12", **args).choices[0].text
+        chunks = list(api.completions.create(prompt="t11 t12", stream=True, stream_options={"include_usage": True},
+                                             **args))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole
+    finishing = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens > 0
+    assert chunks[-1].model_extra["speculative"]["verification"] == "static:0.6"
+
+
+def test_the_stream_ends_with_done(server):
+    url, _ = server
+    lines = _raw(url, "POST", "/v1/completions", {"prompt": "t3 t4", "max_tokens": 5, "stream": True})[1]
+    events = [line for line in lines.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-1])
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_dial_picks_the_rule_per_request(server, pair, head_dir, rule):
+    url, _ = server
+    extra = {"verification": rule} | ({"head": "flat"} if rule == "diversed" else {})
+    out = client(url).completions.create(model="tiny-target", prompt="t13 t14 t15", max_tokens=20, temperature=0,
+                                         extra_body=extra)
+    assert out.choices[0].text == solo(pair, "t13 t14 t15", rule, 20, head_dir)
+    label = out.model_extra["speculative"]["verification"]
+    assert label == ("diversed:flat" if rule == "diversed" else rule)
+
+
+def test_relaxed_rules_keep_more_drafts_than_exact():
+    """On a pair that disagrees (the toy pair leans to different tokens), in one server."""
+    with serving(toy_pair()) as (url, _):
+        api = client(url)
+        rates = {}
+        for rule in ("exact", "static:0.2"):
+            out = api.completions.create(model="tiny-target", prompt="t5 t9 t2", max_tokens=60, temperature=1.0,
+                                         seed=3, extra_body={"verification": rule})
+            rates[rule] = out.model_extra["speculative"]["acceptance_rate"]
+    assert rates["static:0.2"] > rates["exact"] + 0.2
+
+
+def test_draft_length_caps_a_requests_drafts(server):
+    url, _ = server
+    out = client(url).completions.create(model="tiny-target", prompt="t5 t6", max_tokens=20, temperature=0,
+                                         extra_body={"draft_length": 1})
+    assert len(out.model_extra["speculative"]["per_position_acceptance"]) == 1
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "t3", "verification": "strict"}, "verification"),
+    ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
+    ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),
+    ({"prompt": "t3", "max_tokens": -1}, "max_tokens"),
+    ({"prompt": "t3", "max_tokens": 10_000}, "max_tokens"),
+    ({"prompt": " ".join(["t3"] * 300)}, "prompt"),
+    ({"prompt": "t3", "n": 2}, "n"),
+    ({"prompt": "t3", "temperature": -1}, "temperature"),
+    ({"prompt": "t3", "stop": 5}, "stop"),
+    ({"prompt": "t3", "colour": "blue"}, "colour"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "t3", "draft_length": 0}, "draft_length"),
+])
+def test_bad_requests_get_400_naming_the_field(server, body, param):
+    url, _ = server
+    with pytest.raises(openai.BadRequestError) as error:
+        # Everything but the prompt goes as extra body fields: the client would refuse some of them itself.
+        client(url).completions.create(model="tiny-target", prompt=body["prompt"],
+                                       extra_body={"max_tokens": 4} | {k: v for k, v in body.items() if k != "prompt"})
+    assert error.value.status_code == 400
+    assert error.value.body["param"] == param and error.value.body["type"] == "invalid_request_error"
+    assert error.value.body["message"]
+
+
+def test_bad_chat_and_invalid_json_get_400(server):
+    url, _ = server
+    with pytest.raises(openai.BadRequestError) as error:
+        client(url).chat.completions.create(model="tiny-target", messages=[{"role": "robot", "content": "t3"}])
+    assert error.value.body["param"] == "messages[0].role"
+    status, body = _raw(url, "POST", "/v1/completions", b"{not json")
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
+    status, body = _raw(url, "POST", "/v1/chat/completions", [1, 2])
+    assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unknown_model_is_404(server):
+    url, _ = server
+    with pytest.raises(openai.NotFoundError):
+        client(url).completions.create(model="gpt-4", prompt="t3", max_tokens=2)
+
+
+def test_models_health_and_metrics(server):
+    url, _ = server
+    assert [m.id for m in client(url).models.list()] == ["tiny-target"]
+    status, body = _raw(url, "GET", "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    client(url).completions.create(model="tiny-target", prompt="t6 t6", max_tokens=8, temperature=0,
+                                   extra_body={"verification": "static:0.5"})
+    status, text = _raw(url, "GET", "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("diversed:num_requests_running", "diversed:num_requests_waiting", "diversed:generation_tokens",
+                 "diversed:time_to_first_token_seconds", "diversed:inter_token_latency_seconds",
+                 "diversed:spec_decode_num_drafts", "diversed:spec_decode_num_draft_tokens",
+                 "diversed:spec_decode_num_accepted_tokens", "diversed:spec_decode_num_accepted_tokens_per_pos"):
+        assert name in families, name
+    drafted = {s.labels["verification"]: s.value for s in families["diversed:spec_decode_num_draft_tokens"].samples
+               if s.name.endswith("_total")}
+    assert drafted["static:0.5"] > 0
+    generated = [s.value for s in families["diversed:generation_tokens"].samples if s.name.endswith("_total")]
+    assert generated[0] >= 8
+
+
+def test_a_full_queue_gets_503_and_a_disconnect_frees_the_row(pair):
+    with serving(pair, delay=0.02, max_batch=1, max_waiting=0) as (url, _):
+        api = client(url)
+        stream = api.completions.create(model="tiny-target", prompt="t3 t4", max_tokens=200, temperature=0,
+                                        stream=True)
+        next(iter(stream))  # the first request holds the batch's only row
+        with pytest.raises(openai.InternalServerError) as error:
+            api.completions.create(model="tiny-target", prompt="t5", max_tokens=2)
+        assert error.value.status_code == 503 and error.value.body["code"] == "server_overloaded"
+        stream.close()  # the client goes away mid-stream
+        _wait_idle(url)
+        assert api.completions.create(model="tiny-target", prompt="t5", max_tokens=2).choices[0].text
+
+
+def test_one_requests_failure_leaves_the_others_of_its_batch_whole(pair, head_dir):
+    def broken(h_draft, h_target):
+        raise RuntimeError("this head is broken")
+
+    with serving(pair, delay=0.005, heads={"flat": head_dir}) as (url, app):
+        app.state.server.heads["broken"] = broken
+        api = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+        async def one(rule: str, prompt: str):
+            extra = {"verification": "diversed", "head": rule} if rule == "broken" else {"verification": rule}
+            try:
+                out = await api.completions.create(model="tiny-target", prompt=prompt, max_tokens=30,
+                                                   temperature=0, extra_body=extra)
+                return out.choices[0].text
+            except openai.APIStatusError as error:
+                return error
+
+        async def together():
+            return await asyncio.gather(one("exact", "t3 t9"), one("broken", "t4 t9"), one("static:0.5", "t5 t9"))
+
+        exact, failed, static = asyncio.run(together())
+    assert isinstance(failed, openai.InternalServerError) and "this head is broken" in failed.body["message"]
+    assert exact == solo(pair, "t3 t9", "exact", 30, head_dir)
+    assert static == solo(pair, "t5 t9", "static:0.5", 30, head_dir)
+
+
+@pytest.mark.parametrize("clients", [16, 32])
+def test_load_mixed_rules_streams_equal_their_solo_runs(pair, head_dir, clients):
+    """Concurrent streaming clients, mixed rules, every fifth disconnecting early: every finished stream at
+    T = 0 equals its prompt's run alone (or first differs at a near-tie), nothing lost, duplicated or mixed
+    up, and the server is idle and healthy afterwards."""
+    rng = random.Random(clients)
+    requests = [(" ".join(f"t{rng.randrange(2, WORDS)}" for _ in range(rng.randrange(2, 8))), rng.choice(RULES),
+                 rng.randrange(8, 40), i % 5 == 4) for i in range(clients)]
+    with serving(pair, heads={"flat": head_dir}, max_batch=8) as (url, _):
+        api = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        async def one(prompt: str, rule: str, max_tokens: int, leave: bool):
+            extra = {"verification": rule} | ({"head": "flat"} if rule == "diversed" else {})
+            stream = await api.completions.create(model="tiny-target", prompt=prompt, max_tokens=max_tokens,
+                                                  temperature=0, stream=True, extra_body=extra)
+            text, reasons = "", []
+            async for chunk in stream:
+                text += chunk.choices[0].text
+                reasons += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+                if leave:
+                    await stream.close()
+                    return None
+            return text, reasons
+
+        async def everyone():
+            return await asyncio.gather(*(one(*r) for r in requests))
+
+        results = asyncio.run(everyone())
+        _wait_idle(url)
+        assert client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=3).choices[0].text
+    for (prompt, rule, max_tokens, leave), result in zip(requests, results, strict=True):
+        if leave:
+            continue
+        text, reasons = result
+        assert len(reasons) == 1
+        expected = solo(pair, prompt, rule, max_tokens, head_dir)
+        if text != expected:
+            _assert_first_difference_is_a_near_tie(pair, prompt, rule, text, expected)
+
+
+def _assert_first_difference_is_a_near_tie(pair: Pair, prompt: str, rule: str, served: str, alone: str) -> None:
+    """Batching may change the last bits of the logits: the first differing token must then be one of two
+    tokens that the rule's distribution (or the target's, for a bonus token) scores within 1e-4."""
+    a, b = ([int(w[1:]) for w in text.split()] for text in (served, alone))
+    i = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    ids = torch.tensor([pair.tokenizer(prompt)["input_ids"] + b[:i]])
+    with torch.no_grad():
+        p, q = (torch.softmax(model.model(ids).logits[0, -1], -1) for model in (pair.target, pair.draft))
+    weight = {"static:0.7": 0.7, "diversed": 0.3}.get(rule)
+    candidates = [p] + ([verification_target("static", p, q, weight=weight)] if weight is not None else [])
+    assert any(abs(float(d[a[i]] - d[b[i]])) < 1e-4 for d in candidates), \
+        f"{rule} on {prompt!r}: served and solo first differ at token {i} ({a[i]} vs {b[i]}), not a near-tie"
+
+
+def test_sigterm_drains_running_requests_then_exits(tmp_path):
+    paths = save_tiny_pair(tiny_model(0, vocab=WORDS, hidden=32, arch="olmo2"), tmp_path)
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "diversed.cli", "serve", "--backend", "transformers", "--draft", paths["draft"],
+         "--target", paths["target"], "--port", str(port), "--draft-len", "3", "--dtype", "float32"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()[-2000:]
+            try:
+                if _raw(url, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "t3 t4", "max_tokens": 200, "temperature": 0, "stream": True}),
+            {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        first = response.readline()
+        assert first.startswith(b"data: {")
+        process.send_signal(signal.SIGTERM)
+        rest = response.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        finishing = [json.loads(e[6:])["choices"][0]["finish_reason"] for e in rest.split("\n\n")
+                     if e.startswith("data: {")]
+        assert finishing[-1] in ("length", "stop")  # the request ran to its end, not cut off
+        # uvicorn shuts down gracefully, then re-raises the signal it caught: killed by SIGTERM, after draining.
+        assert process.wait(60) in (0, -signal.SIGTERM)
+        assert "Finished server process" in process.stdout.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _wait_idle(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        health = json.loads(_raw(url, "GET", "/health")[1])
+        if health["running"] == 0 and health["waiting"] == 0:
+            return
+        assert time.monotonic() < deadline, f"the server stays busy: {health}"
+        time.sleep(0.05)
+
+
+def _raw(url: str, method: str, path: str, body=None) -> tuple[int, str]:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body)
+    connection.request(method, path, data, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
