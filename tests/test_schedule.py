@@ -69,6 +69,15 @@ def test_a_step_of_the_target_alone_is_timed_before_the_extrapolation_is_trusted
     assert model.best_length() == 0 and 1 not in model.width
 
 
+def test_with_no_draft_step_timed_one_draft_is_tried():
+    """A batch that grew starts a speed model for its new size: target steps timed, no draft step yet (or
+    only catch-up rounds, which time none)."""
+    model = SpeedModel(maximum=8)
+    model.observe_plain(0.04)
+    model.observe([2], [2], 2, None, 3, 0.08)
+    assert model.best_length() == 1
+
+
 def test_no_probe_where_even_drafts_all_kept_would_be_slower():
     """A verify pass costing a step per token and a costly draft: no acceptance can make drafting pay."""
     model = SpeedModel(maximum=8, decay=1.0, prior_drafts=0.0, probe_every=2)

@@ -173,9 +173,11 @@ class SpeedModel:
         """The draft length with the most predicted tokens per second (0: the target alone), but a probe
         round of drafts after `probe_every` rounds of the target alone; each probe that does not make
         drafting pay doubles the wait for the next (a probe costs the draft's catch-up on every token it
-        missed, which on a CPU is most of a target step per few tokens)."""
+        missed, which on a CPU is most of a target step per few tokens). Until a draft step is timed, 1."""
         if 1 not in self.width:  # time a step of the target alone once, rather than extrapolate it
             return 0
+        if not self.draft_steps:  # no draft step timed yet (a new batch size, or only catch-up rounds): time one
+            return 1
         drafted = max(range(1, self.maximum + 1), key=self.tokens_per_second)
         if self.tokens_per_second(drafted) >= self.tokens_per_second(0):
             self.probe_interval = self.probe_every
