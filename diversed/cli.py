@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--batch-size", type=int, default=1)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt with all metrics")
+    gen.add_argument("--stream", action="store_true", help="print each prompt's text as it is generated")
     gen.add_argument("--profile", action="store_true",
                      help="time each phase of the rounds (draft and target forwards, sampling, head, verifier, "
                           "cache, other) and print the split")
@@ -185,23 +186,33 @@ def _generate(args: argparse.Namespace) -> int:
                             seed=args.seed)
     if args.system is not None and not args.system.strip():
         raise ValueError("--system is empty")
+    if args.stream and (args.json or args.batch_size > 1):
+        raise ValueError("--stream prints one prompt's text at a time: not with --json or --batch-size > 1")
     pair = _load(args)
-    completions = generate(pair, request.prompts, method=method, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, draft_length=request.draft_length, max_new_tokens=args.max_new_tokens,
-                           stop=request.stop, chat=False if args.no_chat else None, system=args.system,
-                           batch_size=args.batch_size, seed=args.seed, profile=args.profile)
-    for c in completions:
-        if args.json:
-            print(json.dumps(c.to_dict()), flush=True)
-        else:
-            m = c.metrics
-            rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.1%}"
-            print(c.text)
-            print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
-                  f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
-            if args.profile:
-                print(profile_table(m["profile"]), flush=True)
+    options = dict(method=method, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
+                   chat=False if args.no_chat else None, system=args.system, profile=args.profile)
+    if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes, then metrics
+        for i, prompt in enumerate(request.prompts):
+            _print_completion(generate(pair, prompt, seed=args.seed + i, **options, on_text=lambda _, piece: print(
+                piece, end="", flush=True))[0], args, streamed=True)
+        return 0
+    for c in generate(pair, request.prompts, batch_size=args.batch_size, seed=args.seed, **options):
+        _print_completion(c, args)
     return 0
+
+
+def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> None:
+    if args.json:
+        print(json.dumps(c.to_dict()), flush=True)
+        return
+    m = c.metrics
+    rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.1%}"
+    print("" if streamed else c.text)
+    print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
+          f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
+    if args.profile:
+        print(profile_table(m["profile"]), flush=True)
 
 
 def _serve(args: argparse.Namespace) -> int:

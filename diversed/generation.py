@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diversed.decoding.engine import decode
@@ -13,7 +13,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.head.model import PRETRAINED_HEAD, EnsembleHead
 from diversed.models.loading import Pair
-from diversed.text import cut_at_stop, encode_prompt, stop_checker
+from diversed.text import StreamedText, cut_at_stop, encode_prompt, stop_checker
 
 
 @dataclass
@@ -49,6 +49,7 @@ def generate(
     seed: int = 0,
     weight_fn: WeightFn | None = None,
     profile: bool = False,
+    on_text: Callable[[int, str], None] | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt with the pair and a method ("auto", "exact", "static:0.7",
     "diversed:HEAD_DIR", ...). weight_fn overrides the head of a "diversed" method (or drives "dynamic").
@@ -58,6 +59,8 @@ def generate(
     stop: strings that end a sequence; its text is cut before the first one.
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
+    on_text(i, piece): called with prompt i's new text as it is generated (streaming); the pieces of a prompt
+    join into its Completion.text.
     """
     request = check_request(prompts, method=method, temperature=temperature, top_k=top_k, top_p=top_p,
                             draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
@@ -71,6 +74,13 @@ def generate(
         raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False")
     ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
 
+    streams, so_far = [StreamedText(tokenizer, stop) for _ in prompts], [[] for _ in prompts]
+
+    def stream(i: int, new: list[int]) -> None:
+        so_far[i] += new
+        if piece := streams[i].update(so_far[i]):
+            on_text(i, piece)
+
     completions = []
     for start in range(0, len(prompts), batch_size):
         batch = slice(start, start + batch_size)
@@ -78,9 +88,12 @@ def generate(
                      sampling=request.sampling, draft_length=draft_length,
                      max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
-                     weight_fn=weight_fn, seed=seed + start, profile=profile)
-        for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
+                     weight_fn=weight_fn, seed=seed + start, profile=profile,
+                     on_tokens=None if on_text is None else lambda row, new, start=start: stream(start + row, new))
+        for i, (prompt, tokens, stats) in enumerate(zip(prompts[batch], out.tokens, out.stats, strict=True), start):
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
+            if on_text is not None and (rest := streams[i].update(tokens, final=True)):
+                on_text(i, rest)
             metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
             completions.append(Completion(prompt, text, tokens, metrics))
     return completions

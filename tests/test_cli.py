@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 import sys
 
 import pytest
@@ -45,6 +46,16 @@ def test_generate_json_has_text_and_metrics(models, capsys):
     for line in lines:
         assert isinstance(line["text"], str) and 0 <= line["acceptance_rate"] <= 1
         assert line["metrics"]["new_tokens"] == line["new_tokens"] <= 6 and line["wall_time"] > 0
+
+
+def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
+    common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
+              "0", "--max-new-tokens", "12", "--stop", "t7", "t3 t4", "t5 t6"]
+    code, whole, _ = run(common, capsys)
+    assert code == 0
+    code, streamed, _ = run([*common, "--stream"], capsys)
+    timing = re.compile(r"in [0-9.]+ s \([0-9.]+ tok/s\)")
+    assert code == 0 and timing.sub("", streamed) == timing.sub("", whole)
 
 
 def test_generate_reads_stdin_and_files(models, capsys, tmp_path):

@@ -68,6 +68,7 @@ def decode(
     weight_fn: WeightFn | None = None,
     seed: int = 0,
     profile: bool = False,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
@@ -78,6 +79,7 @@ def decode(
     inputs give the same tokens. profile=True makes the per-phase times of Generation.profile exact on a
     GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
+    on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     """
     target = as_model(target)
     draft = None if draft is None or method.name == "auto" else as_model(draft)
@@ -86,7 +88,9 @@ def decode(
     policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
     batch = Batch(target, draft, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
-    jobs = [Job(list(p), policy, max_new_tokens, stop) for p in prompts]
+    jobs = [Job(list(p), policy, max_new_tokens, stop,
+                None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new))
+            for i, p in enumerate(prompts)]
     for job in jobs:
         batch.add(job)
     while batch.jobs:

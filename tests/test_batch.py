@@ -1,0 +1,122 @@
+"""Continuous batching (diversed.decoding.engine.Batch): jobs that join a running batch, rows with different
+policies, cancellation, streaming callbacks, and one policy's failure, on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diversed.backends import as_model
+from diversed.decoding.engine import Batch, Job, decode
+from diversed.decoding.method import Method
+from diversed.decoding.policy import Policy
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
+
+from tiny import perturbed, tiny_model
+
+GREEDY = Sampling(0)
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [8, 8, 4, 6]]
+METHODS = [Method("exact"), Method("static", weight=0.4), Method("lossy", lenience=0.5), Method("auto"),
+           Method("cascade-opt", alpha=0.2)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(0)
+    return as_model(target), as_model(perturbed(target, 0.05, 1))
+
+
+def alone(models, prompt, method, max_new_tokens=20, draft_length=DraftLength(3)) -> list[int]:
+    target, draft = models
+    return decode(target, [prompt], draft=draft, method=method, sampling=GREEDY, draft_length=draft_length,
+                  max_new_tokens=max_new_tokens).tokens[0]
+
+
+def job(prompt, method, max_new_tokens=20, **policy) -> Job:
+    return Job(list(prompt), Policy(method, GREEDY, torch.Generator().manual_seed(0), **policy), max_new_tokens)
+
+
+def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write_alone(models):
+    target, draft = models
+    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=4)
+    jobs = [job(p, m, max_new_tokens=12 + 3 * i) for i, (p, m) in enumerate(zip(PROMPTS, METHODS, strict=True))]
+    waiting, rounds = list(jobs), 0
+    while waiting or batch.jobs:
+        if waiting and rounds % 3 == 0 and len(batch.jobs) < batch.capacity:  # a job joins every third round
+            batch.add(waiting.pop(0))
+        batch.step()
+        rounds += 1
+    for j in jobs:
+        assert j.finished and j.tokens == alone(models, j.prompt, j.policy.method, j.max_new_tokens)
+
+
+def test_a_cancelled_job_leaves_and_the_others_are_unchanged(models):
+    target, draft = models
+    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    jobs = [job(p, Method("static", weight=0.6), max_new_tokens=30) for p in PROMPTS[:3]]
+    for j in jobs:
+        batch.add(j)
+    batch.step()
+    jobs[1].cancelled = True
+    left = batch.step()
+    assert jobs[1] in left and jobs[1].stats.finish_reason == "cancelled" and len(batch.jobs) == 2
+    while batch.jobs:
+        batch.step()
+    for j in (jobs[0], jobs[2]):
+        assert j.tokens == alone(models, j.prompt, Method("static", weight=0.6), 30)
+
+
+def test_streamed_tokens_join_into_the_jobs_tokens(models):
+    target, draft = models
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    out = decode(target, PROMPTS[:2], draft=draft, method=Method("exact"), sampling=Sampling(1.0),
+                 draft_length=DraftLength(4), max_new_tokens=25, seed=3,
+                 on_tokens=lambda i, new: seen[i].extend(new))
+    assert [seen[0], seen[1]] == out.tokens
+
+
+def test_a_failing_policy_fails_only_its_own_rows(models):
+    target, draft = models
+
+    def broken(h_draft, h_target):
+        raise RuntimeError("broken head")
+
+    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    jobs = [job(PROMPTS[0], Method("exact")), job(PROMPTS[1], Method("diversed"), weight_fn=broken),
+            job(PROMPTS[2], Method("static", weight=0.5))]
+    for j in jobs:
+        batch.add(j)
+    while batch.jobs:
+        batch.step()
+    assert jobs[1].stats.finish_reason == "error" and "broken head" in jobs[1].error and not jobs[1].tokens
+    assert jobs[0].tokens == alone(models, PROMPTS[0], Method("exact"))
+    assert jobs[2].tokens == alone(models, PROMPTS[2], Method("static", weight=0.5))
+    alone_batch = Batch(target, draft, draft_length=DraftLength(3), capacity=1)
+    alone_batch.add(job(PROMPTS[1], Method("diversed"), weight_fn=broken))
+    with pytest.raises(RuntimeError, match="broken head"):  # a batch of one policy raises, as decode() does
+        alone_batch.step()
+
+
+def test_a_policys_draft_cap_limits_its_rows_drafts_only(models):
+    target, draft = models
+    batch = Batch(target, draft, draft_length=DraftLength(4), capacity=2)
+    capped, free = job(PROMPTS[0], Method("exact"), max_drafts=1), job(PROMPTS[1], Method("exact"))
+    batch.add(capped)
+    batch.add(free)
+    while batch.jobs:
+        batch.step()
+    assert len(capped.stats.reached) == 1 and len(free.stats.reached) == 4
+    assert capped.tokens == alone(models, PROMPTS[0], Method("exact"))
+
+
+def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
+    target, draft = models
+    batch = Batch(target, None, capacity=1)
+    with pytest.raises(ValueError, match="needs a draft"):
+        batch.add(job(PROMPTS[0], Method("exact")))
+    batch.add(job(PROMPTS[0], Method("auto")))
+    with pytest.raises(RuntimeError, match="full"):
+        batch.add(job(PROMPTS[1], Method("auto")))
+    with pytest.raises(ValueError, match="context"):
+        Batch(target, draft, capacity=1).add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
