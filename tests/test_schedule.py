@@ -107,3 +107,35 @@ def test_profile_table_lists_every_phase_and_the_total():
     table = profile_table(profile)
     assert all(phase in table for phase in PHASES)
     assert "14.3%" in table and "500.0" in table and "(7 rounds)" in table
+
+
+@pytest.fixture
+def fresh_costs(monkeypatch, tmp_path):
+    """An empty cache folder and no costs remembered in this process."""
+    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
+    monkeypatch.setattr(SpeedModel, "_remembered", {})
+    monkeypatch.setattr(SpeedModel, "_loaded_from_disk", False)
+    return tmp_path
+
+
+def test_costs_of_named_models_outlive_the_process(fresh_costs):
+    model = observed([5, 5], step=0.01, verify={3: 0.1})
+    model.observe_plain(0.05)
+    model.remember(("target.gguf", "draft.gguf", 1))
+    model.remember((1234, 5678, 1))  # models known only by id(): this process only
+    assert (fresh_costs / "speed-costs.json").is_file()
+    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False  # as a new process finds it
+    later = SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8)
+    assert later.timed and later.verify_time(3) == pytest.approx(model.verify_time(3))
+    assert later.verify_time(1) == pytest.approx(0.05)
+    assert not SpeedModel.for_models((1234, 5678, 1), 8).timed
+
+
+def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
+    (fresh_costs / "speed-costs.json").write_text("{not json")
+    assert not SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed
+    model = observed([5, 5], step=0.01, verify={3: 0.1})
+    model.observe_plain(0.05)
+    model.remember(("target.gguf", "draft.gguf", 1))  # replaces the broken file
+    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
+    assert SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed

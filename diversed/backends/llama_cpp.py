@@ -97,6 +97,12 @@ class LlamaCppModel:
         self._live: weakref.WeakSet[LlamaCppRows] = weakref.WeakSet()
         self._release = weakref.finalize(self, _free, self._model, [None])
 
+    @property
+    def cost_identity(self) -> str:
+        """What this model's measured speed depends on (diversed.decoding.schedule keeps costs by it)."""
+        stat = self.path.stat()
+        return f"llama.cpp:{self.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}:threads={self.threads}"
+
     def rows(self, count: int, capacity: int | None = None) -> LlamaCppRows:
         """An empty batch of `count` rows, on free sequence ids of the model's context; a context with room
         for `capacity` rows is made first when the present one has too few free and no other batch is live."""

@@ -277,7 +277,7 @@ class Batch:
         jobs join and the size changes, the costs known for the new size take over (the acceptance stays)."""
         if self.draft_length.schedule != "auto" or self.draft is None:
             return None
-        key = (id(self.target), id(self.draft), len(self.jobs))
+        key = (_cost_identity(self.target), _cost_identity(self.draft), len(self.jobs))
         if self.speed is None or (self._joined and key != self._costs_key):
             fresh = SpeedModel.for_models(key, self.draft_length.maximum)
             if self.speed is not None:
@@ -301,6 +301,12 @@ class Batch:
                 self.draft_rows.select(alive)
             self.pending.select(alive)
         return left
+
+
+def _cost_identity(model: Model) -> str | int:
+    """What the measured costs of a model belong to: its `cost_identity` where the backend has one (llama.cpp:
+    the file and the threads, so that costs outlive the process), else the object itself."""
+    return getattr(model, "cost_identity", None) or id(model)
 
 
 def _failed(job: Job, groups: Groups, row: int) -> bool:

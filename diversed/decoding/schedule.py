@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 
+from diversed.models.default_pair import cache_dir
 from diversed.theory import expected_tokens_per_round
+
+COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per machine, models and batch size
+MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 SCHEDULES = ("constant", "heuristic", "auto")
 
@@ -92,13 +100,19 @@ class SpeedModel:
         self.plain_rounds = 0  # rounds of the target alone since the last drafted round
         self.probe_interval = probe_every  # plain rounds before the next probe
 
-    # Costs measured by earlier calls in this process, per (target, draft, rows): a later call starts from them.
+    # Costs measured by earlier calls, per (target, draft, rows): a later call starts from them. Keys made of
+    # strings (a model's `cost_identity`: its file, size and threads) are also kept on disk (COSTS_FILE, per
+    # machine), so that a new process starts from them too; others (id()s) live as long as the process.
     _remembered: dict[tuple, tuple[dict[int, list[float]], float, float]] = {}
+    _loaded_from_disk = False
 
     @classmethod
     def for_models(cls, key: tuple, maximum: int) -> SpeedModel:
         """A speed model whose costs start from what earlier calls with the same key measured (each width
         and the draft step weighing as one observation, so this call's own soon dominate)."""
+        if not cls._loaded_from_disk:
+            cls._loaded_from_disk = True
+            cls._remembered.update(_read_costs())
         model = cls(maximum)
         if key in cls._remembered:
             widths, draft_time, draft_steps = cls._remembered[key]
@@ -107,9 +121,12 @@ class SpeedModel:
         return model
 
     def remember(self, key: tuple) -> None:
-        """Keep this call's costs for the next call with the same key."""
+        """Keep this call's costs for the next call with the same key (on disk too, for a key of strings)."""
         if self.draft_steps and self.width:
             self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps)
+            if _lasting(key):
+                self._remembered[key] = self._remembered.pop(key)  # the most recent last
+                _write_costs({k: v for k, v in self._remembered.items() if _lasting(k)})
 
     @property
     def timed(self) -> bool:
@@ -189,3 +206,44 @@ class SpeedModel:
             self.probe_interval = min(2 * self.probe_interval, 1024)
             return drafted
         return 0
+
+
+def _lasting(key: tuple) -> bool:
+    """Whether costs of this key outlive the process: both models named by a cost identity (strings)."""
+    return isinstance(key[0], str) and isinstance(key[1], str)
+
+
+def _costs_path() -> Path:
+    return cache_dir() / COSTS_FILE
+
+
+def _read_costs() -> dict[tuple, tuple[dict[int, list[float]], float, float]]:
+    """This machine's remembered costs from the cache folder; nothing if the file is missing or unreadable
+    (it only ever saves a few rounds of measuring)."""
+    try:
+        stored = json.loads(_costs_path().read_text())[platform.node()]
+        return {tuple(entry["key"]): ({int(k): [float(w), float(t)] for k, (w, t) in entry["widths"].items()},
+                                      float(entry["draft_time"]), float(entry["draft_steps"]))
+                for entry in stored}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _write_costs(costs: dict[tuple, tuple[dict[int, list[float]], float, float]]) -> None:
+    """Replace this machine's entry of the costs file (written beside it, then renamed: never half written)."""
+    path = _costs_path()
+    try:
+        everything = json.loads(path.read_text())
+        everything = everything if isinstance(everything, dict) else {}
+    except (OSError, ValueError):
+        everything = {}
+    everything[platform.node()] = [{"key": list(key), "widths": {str(k): v for k, v in widths.items()},
+                                    "draft_time": draft_time, "draft_steps": draft_steps}
+                                   for key, (widths, draft_time, draft_steps) in list(costs.items())[-MAX_KEPT:]]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(everything))
+        temporary.replace(path)
+    except OSError:  # a read-only cache: the costs stay in this process
+        pass
