@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
 
+    rep = commands.add_parser("report", help="the table and pictures of an evaluation so far (running or stopped)")
+    rep.add_argument("out", type=Path, help="the evaluation's --out folder")
+    rep.set_defaults(run=_report)
+
     srv = commands.add_parser("serve", help="an OpenAI-compatible server with a verification dial per request")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
@@ -284,6 +288,21 @@ def _eval(args: argparse.Namespace) -> int:
     summaries = evaluate(pair, task, methods, config, args.out, resume=args.resume)
     if summaries:
         print(markdown_table(summaries, task.metric))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from diversed.evaluation.report import markdown_table
+    from diversed.evaluation.run import CONFIG_FILE, report
+    from diversed.tasks import get_task
+
+    config = args.out / CONFIG_FILE
+    if not config.is_file():
+        raise FileNotFoundError(f"no evaluation in {args.out}: {CONFIG_FILE} is missing")
+    metric = get_task(json.loads(config.read_text())["task"]).metric
+    print(markdown_table(report(args.out, metric), metric))
     return 0
 
 

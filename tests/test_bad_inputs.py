@@ -390,3 +390,8 @@ def test_serve_refuses_before_loading(files, capsys, no_loading, args, message):
 def test_serve_refuses_bad_heads_once_the_models_load(files, capsys, args, message):
     code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_report_refuses_a_folder_without_an_evaluation(files, capsys):
+    code, err = run(["report", files["root"]], capsys)
+    assert code == 2 and "no evaluation" in err and "Traceback" not in err

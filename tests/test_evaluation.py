@@ -73,6 +73,23 @@ def test_summary_is_recomputed_from_the_results_file(complete):
     assert "| static:0.5 |" in (out / "summary.md").read_text()
 
 
+def test_report_of_a_run_in_progress_compares_the_examples_every_method_finished(complete, tmp_path):
+    out, summaries = complete
+    shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
+    everything = rows(out)
+    last = everything[-1]["example"]
+    # As a run leaves it mid-example: the last example done by some methods only, its final row cut short.
+    kept = [r for r in everything if r["example"] != last or r["method"] == METHODS[0]]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept) + '{"example": "cut')
+    partial = run.report(tmp_path, "share")
+    assert [s["method"] for s in partial] == METHODS
+    assert partial == summarize_results([r for r in everything if r["example"] != last], METHODS)
+    assert "the 6 examples every method finished" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / RESULTS_FILE).read_text().endswith('"cut')  # the run's files are left as they are
+    with pytest.raises(FileNotFoundError, match="no evaluation"):
+        run.report(tmp_path / "nothing", "share")
+
+
 def test_plots_are_written(complete):
     out, _ = complete
     for name in ("quality_vs_acceptance", "quality_vs_speedup", "throughput_vs_acceptance"):

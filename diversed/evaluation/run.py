@@ -144,14 +144,39 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
         return []
     rows = _merge(out_dir, examples, methods)
     summaries = summarize_results(rows, methods)
-    header = (f"{config.task} ({config.split}, {len(examples)} examples), {config.draft_model} -> "
-              f"{config.target_model}, {config.backend or 'transformers'}, {config.dtype}, "
-              f"T = {config.temperature}, drafts {config.drafting}"
-              f"{', int8 draft' if config.draft_int8 else ''}, "
-              f"{config.max_new_tokens} new tokens, seed {config.seed}")
-    write_summary(summaries, out_dir, task.metric, header)
+    write_summary(summaries, out_dir, task.metric, _header(config, f"{len(examples)} examples"))
     plot_tradeoffs(summaries, out_dir, task.metric)
     return summaries
+
+
+def report(out_dir: str | Path, metric: str) -> list[dict]:
+    """Summaries and plots of an evaluation so far (while it runs, or after it was stopped): only the examples
+    that every method has finished, so that all methods are compared on the same examples. Reads the result
+    files and writes summary.{md,csv,json} and the plots; the run itself is left as it is."""
+    out_dir = Path(out_dir)
+    if not (out_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
+    config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
+    rows = [r for path in _result_files(out_dir) for r in load_done_rows(path)]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    finished = {m: {r["example"] for r in rows if r["method"] == m} for m in methods}
+    complete = set.intersection(*finished.values()) if finished else set()
+    if not complete:
+        raise ValueError(f"no example in {out_dir} has been run with every method yet")
+    rows = [r for r in rows if r["example"] in complete]
+    summaries = summarize_results(rows, methods)
+    done = f"the {len(complete)} examples every method finished, of {config.limit or 'all'}"
+    write_summary(summaries, out_dir, metric, _header(config, done))
+    plot_tradeoffs(summaries, out_dir, metric)
+    return summaries
+
+
+def _header(config: EvalConfig, examples: str) -> str:
+    return (f"{config.task} ({config.split}, {examples}), {config.draft_model} -> "
+            f"{config.target_model}, {config.backend or 'transformers'}, {config.dtype}, "
+            f"T = {config.temperature}, drafts {config.drafting}"
+            f"{', int8 draft' if config.draft_int8 else ''}, "
+            f"{config.max_new_tokens} new tokens, seed {config.seed}")
 
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
