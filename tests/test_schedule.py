@@ -112,7 +112,10 @@ def test_profile_table_lists_every_phase_and_the_total():
 @pytest.fixture
 def fresh_costs(monkeypatch, tmp_path):
     """An empty cache folder and no costs remembered in this process."""
+    import diversed.decoding.schedule as schedule
+
     monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
+    monkeypatch.setattr(schedule, "_costs_path", lambda: tmp_path / schedule.COSTS_FILE)
     monkeypatch.setattr(SpeedModel, "_remembered", {})
     monkeypatch.setattr(SpeedModel, "_loaded_from_disk", False)
     return tmp_path
