@@ -194,7 +194,7 @@ class Batch:
         if policy.method.rule == "dynamic" and policy.weight_fn is None:
             raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
-        if policy.drafts:
+        if self.draft is not None:  # even a target-alone row rides along in the draft's forwards
             _check_prompt(self.draft, "draft", job.prompt, job.max_new_tokens, self.draft_length.longest)
 
     def add(self, job: Job) -> None:
@@ -238,7 +238,8 @@ class Batch:
         before = self.clock.seconds["target forward"]
         token = target_step(self.target_rows, self.pending.target, groups, self.clock)
         self.pending.target = [[t] for t in token]
-        self.pending.draft = [d + [t] for d, t in zip(self.pending.draft, token, strict=True)]
+        if self.draft is not None:  # the draft catches up on these tokens in its next round
+            self.pending.draft = [d + [t] for d, t in zip(self.pending.draft, token, strict=True)]
         for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
             if not _failed(job, groups, row):
