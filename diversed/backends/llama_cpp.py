@@ -180,6 +180,8 @@ class LlamaCppModel:
         finally:
             llama.llama_batch_free(batch)
         shape = (len(rows), outputs)
+        if not outputs:  # a decode that only fills the KV cache
+            return None, torch.empty(*shape, self.vocab_size)
         logits = _outputs(llama.llama_get_logits_ith, self._context, flagged, shape, self.vocab_size)
         states = (_outputs(llama.llama_get_embeddings_ith, self._context, flagged, shape, self.hidden_size)
                   if hidden else None)
@@ -199,6 +201,14 @@ class LlamaCppRows:
 
     def feed(self, tokens: Sequence[Sequence[int]], outputs: int, hidden: bool = False
              ) -> tuple[Tensor | None, Tensor]:
+        if hidden and any(len(t) > outputs for t in tokens):
+            # With embeddings on, llama.cpp outputs (projects onto the vocabulary) every token of a batch: the
+            # tokens before the outputs (a prompt, mostly) go first, in a decode with embeddings off.
+            before = [t[:len(t) - outputs] for t in tokens]
+            self.model._decode([(seq, n, b) for seq, n, b in zip(self.seq, self._lengths, before, strict=True)
+                                if b], 0, False)
+            self._lengths = [n + len(b) for n, b in zip(self._lengths, before, strict=True)]
+            tokens = [t[len(t) - outputs:] for t in tokens]
         out = self.model._decode(list(zip(self.seq, self._lengths, tokens, strict=True)), outputs, hidden)
         self._lengths = [n + len(t) for n, t in zip(self._lengths, tokens, strict=True)]
         return out
