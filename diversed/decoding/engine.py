@@ -211,6 +211,7 @@ class Batch:
         self.pending.draft.append(list(job.prompt))
         self._joined = True
 
+    @torch.inference_mode()
     def step(self) -> list[Job]:
         """One round for every job; returns the jobs that left the batch (finished or cancelled)."""
         for job in self.jobs:

@@ -11,8 +11,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-import torch
-
 from diversed.decoding.engine import Batch, Job
 
 ErrorFn = Callable[[Job, str], None]
@@ -77,25 +75,24 @@ class Worker:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._wake:
-                    while not self._waiting and not self.batch.jobs and not self._stopping:
-                        self._wake.wait()
-                    if self._stopping and not self._waiting and not self.batch.jobs:
-                        return
-                    joining = []
-                    while self._waiting and len(self.batch.jobs) + len(joining) < self.batch.capacity:
-                        joining.append(self._waiting.popleft())
-                for job, on_error in joining:
-                    self._join(job, on_error)
-                self._report()
-                try:
-                    for job in self.batch.step():
-                        self._errors.pop(id(job), None)
-                except Exception as error:  # noqa: BLE001 - the thread must outlive any one round
-                    self._fail_batch(f"decoding failed: {type(error).__name__}: {error}")
-                self._report()
+        while True:
+            with self._wake:
+                while not self._waiting and not self.batch.jobs and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self._waiting and not self.batch.jobs:
+                    return
+                joining = []
+                while self._waiting and len(self.batch.jobs) + len(joining) < self.batch.capacity:
+                    joining.append(self._waiting.popleft())
+            for job, on_error in joining:
+                self._join(job, on_error)
+            self._report()
+            try:
+                for job in self.batch.step():
+                    self._errors.pop(id(job), None)
+            except Exception as error:  # noqa: BLE001 - the thread must outlive any one round
+                self._fail_batch(f"decoding failed: {type(error).__name__}: {error}")
+            self._report()
 
     def _join(self, job: Job, on_error: ErrorFn) -> None:
         if job.cancelled:
