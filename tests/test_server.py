@@ -272,6 +272,25 @@ def test_a_full_queue_gets_503_and_a_disconnect_frees_the_row(pair):
         assert api.completions.create(model="tiny-target", prompt="t5", max_tokens=2).choices[0].text
 
 
+def test_a_client_that_leaves_a_whole_response_frees_its_row(pair):
+    import socket
+
+    with serving(pair, delay=0.02, max_batch=1) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"prompt": "t3 t4", "max_tokens": 200, "temperature": 0}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 10
+            while json.loads(_raw(url, "GET", "/health")[1])["running"] == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        # The socket is closed long before 200 slow rounds are done: the row must be freed early.
+        started = time.monotonic()
+        _wait_idle(url)
+        assert time.monotonic() - started < 3
+
+
 def test_one_requests_failure_leaves_the_others_of_its_batch_whole(pair, head_dir):
     def broken(h_draft, h_target):
         raise RuntimeError("this head is broken")
