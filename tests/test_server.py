@@ -436,3 +436,29 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+
+@pytest.mark.parametrize("stop", [(), ("t8",), ("t7 t8",), ("t9 t9 t9",)])
+def test_streamed_text_never_takes_back_and_joins_into_the_cut_text(stop):
+    from diversed.text import StreamedText, cut_at_stop
+
+    tokenizer = word_tokenizer()
+    tokens = tokenizer("t3 t7 t8 t9 t7 t8 t5")["input_ids"]
+    streamed, pieces = StreamedText(tokenizer, stop), []
+    for end in range(1, len(tokens) + 1):
+        pieces.append(streamed.update(tokens[:end], final=end == len(tokens)))
+        assert not any(s in "".join(pieces) for s in stop)
+    assert "".join(pieces) == cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
+
+
+def test_an_unfinished_character_is_held_back():
+    from diversed.text import StreamedText
+
+    class Bytes:  # a byte-level tokenizer: a multi-byte character may span tokens
+        def decode(self, tokens, skip_special_tokens=True):
+            return bytes(tokens).decode("utf-8", errors="replace")
+
+    euro = list("a€b".encode())
+    streamed = StreamedText(Bytes(), ())
+    pieces = [streamed.update(euro[:end]) for end in range(1, len(euro) + 1)]
+    assert pieces == ["a", "", "", "€", "b"]
