@@ -9,8 +9,9 @@ import torch
 from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.cli import main
-from diversed.decoding.engine import decode
+from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.method import Method
+from diversed.decoding.policy import Policy
 from diversed.decoding.profile import PHASES
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
@@ -83,6 +84,27 @@ def test_rows_are_independent_and_select_and_extend_keep_them_so(backend):
     _, logits = rows.feed([[6], [6], PROMPTS[3]], 1)
     for row, tokens in enumerate([PROMPTS[2] + [6], PROMPTS[0] + [6], PROMPTS[3]]):
         torch.testing.assert_close(logits[row, -1], _fresh(target, tokens), atol=atol, rtol=0)
+
+
+def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
+    """Continuous batching on each backend: rows added to a live batch (llama.cpp: sequence ids reserved up
+    front), each with its own rule, leaving as they finish, equal their solo runs at T = 0."""
+    models, _ = backend
+    target, draft = models["target"], models["close"]
+    methods = [Method("exact"), Method("static", weight=0.5), Method("auto"), Method("lossy", lenience=0.5)]
+    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    jobs = [Job(prompt, Policy(method, GREEDY), max_new_tokens=10 + 4 * i)
+            for i, (prompt, method) in enumerate(zip(PROMPTS, methods, strict=True))]
+    waiting, rounds = list(jobs), 0
+    while waiting or batch.jobs:
+        if waiting and rounds % 2 == 0 and len(batch.jobs) < batch.capacity:
+            batch.add(waiting.pop(0))
+        batch.step()
+        rounds += 1
+    for job in jobs:
+        alone = decode(target, [job.prompt], draft=draft, method=job.policy.method, sampling=GREEDY,
+                       draft_length=3, max_new_tokens=job.max_new_tokens)
+        assert job.tokens == alone.tokens[0]
 
 
 def test_hidden_states_are_the_last_layer_after_the_final_norm(files):
