@@ -275,7 +275,7 @@ def test_a_full_queue_gets_503_and_a_disconnect_frees_the_row(pair):
 def test_a_client_that_leaves_a_whole_response_frees_its_row(pair):
     import socket
 
-    with serving(pair, delay=0.02, max_batch=1) as (url, _):
+    with serving(pair, delay=0.05, max_batch=1) as (url, _):  # 200 tokens then take over 10 s
         port = int(url.rsplit(":", 1)[1])
         body = json.dumps({"prompt": "t3 t4", "max_tokens": 200, "temperature": 0}).encode()
         with socket.create_connection(("127.0.0.1", port)) as s:

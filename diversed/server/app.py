@@ -251,14 +251,17 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
     """Wait for the job, watching for the client going away (then its row is freed)."""
     items = aiter(events)
     pending = asyncio.ensure_future(anext(items))
+    checked = time.monotonic()
     try:
         while True:
             done, _ = await asyncio.wait({pending}, timeout=0.5)
-            if not done:
+            if time.monotonic() - checked >= 0.5:  # however often tokens come
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     job.cancelled = True
                     server.worker.wake()
                     return Response(status_code=499)
+            if not done:
                 continue
             kind, payload, finished = pending.result()
             if kind == "error":
