@@ -8,7 +8,9 @@ A feed is one `llama_decode` over every row's new tokens, asking for logits only
 reads (the batch's `logits` flags), never the whole prompt. When the DIVERSED head needs hidden states,
 embeddings are turned on for that decode (pooling none): llama.cpp then returns the last hidden state after
 the final norm, the quantity the head was trained on with transformers, alongside the logits of the same
-positions. Rollback is `llama_memory_seq_rm` from the kept length on.
+positions. With embeddings on llama.cpp outputs every token of the batch, so the tokens before the outputs
+(a prompt) go through first in a decode of their own, with embeddings off. Rollback is
+`llama_memory_seq_rm` from the kept length on.
 
 The high-level `llama_cpp.Llama` class is not used: it keeps per-position scores only with logits_all=True,
 which projects every prompt token onto the vocabulary.
