@@ -126,6 +126,7 @@ def test_costs_of_named_models_outlive_the_process(fresh_costs):
     model.observe_plain(0.05)
     model.remember(("target.gguf", "draft.gguf", 1))
     model.remember((1234, 5678, 1))  # models known only by id(): this process only
+    SpeedModel.save()
     assert (fresh_costs / "speed-costs.json").is_file()
     SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False  # as a new process finds it
     later = SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8)
@@ -139,6 +140,7 @@ def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
     assert not SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed
     model = observed([5, 5], step=0.01, verify={3: 0.1})
     model.observe_plain(0.05)
-    model.remember(("target.gguf", "draft.gguf", 1))  # replaces the broken file
+    model.remember(("target.gguf", "draft.gguf", 1))
+    SpeedModel.save()  # replaces the broken file
     SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
     assert SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed

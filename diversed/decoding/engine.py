@@ -231,9 +231,10 @@ class Batch:
         return left + self._drop([job.finished for job in self.jobs])
 
     def close(self) -> None:
-        """Keep the measured costs for later batches of the same models (the auto schedule)."""
+        """Keep the measured costs for later batches of the same models (the auto schedule), on disk too."""
         if self.speed is not None:
             self.speed.remember(self._costs_key)
+            SpeedModel.save()
 
     def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
         before = self.clock.seconds["target forward"]

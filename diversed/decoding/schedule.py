@@ -101,7 +101,7 @@ class SpeedModel:
         self.probe_interval = probe_every  # plain rounds before the next probe
 
     # Costs measured by earlier calls, per (target, draft, rows): a later call starts from them. Keys made of
-    # strings (a model's `cost_identity`: its file, size and threads) are also kept on disk (COSTS_FILE, per
+    # strings (a model's `cost_identity`: its file, size and threads) are also saved on disk (COSTS_FILE, per
     # machine), so that a new process starts from them too; others (id()s) live as long as the process.
     _remembered: dict[tuple, tuple[dict[int, list[float]], float, float]] = {}
     _loaded_from_disk = False
@@ -121,12 +121,17 @@ class SpeedModel:
         return model
 
     def remember(self, key: tuple) -> None:
-        """Keep this call's costs for the next call with the same key (on disk too, for a key of strings)."""
+        """Keep this call's costs for the next call with the same key, in this process (save() writes them)."""
         if self.draft_steps and self.width:
+            self._remembered.pop(key, None)  # the most recent last
             self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps)
-            if _lasting(key):
-                self._remembered[key] = self._remembered.pop(key)  # the most recent last
-                _write_costs({k: v for k, v in self._remembered.items() if _lasting(k)})
+
+    @classmethod
+    def save(cls) -> None:
+        """Write the remembered costs of keys of strings (models named by a cost identity) to the cache folder,
+        for later processes; once per decoding call, never between rounds."""
+        if any(_lasting(k) for k in cls._remembered):
+            _write_costs({k: v for k, v in cls._remembered.items() if _lasting(k)})
 
     @property
     def timed(self) -> bool:

@@ -80,6 +80,7 @@ class Worker:
                 while not self._waiting and not self.batch.jobs and not self._stopping:
                     self._wake.wait()
                 if self._stopping and not self._waiting and not self.batch.jobs:
+                    self.batch.close()
                     return
                 joining = []
                 while self._waiting and len(self.batch.jobs) + len(joining) < self.batch.capacity:
