@@ -285,3 +285,38 @@ def test_batched_evaluation_runs_every_method_on_every_example(pair, task, tmp_p
     results = rows(tmp_path)
     assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
     assert len(results) == 7 * len(METHODS) and [s["method"] for s in summaries] == METHODS
+
+
+def synthetic_rows(method: str, accepted: int, rewards: list[float]) -> list[dict]:
+    """One row per reward: 10 drafts each, `accepted` of them kept."""
+    return [{"example": f"e{i}", "method": method, "reward": r, "drafted": 10, "accepted": accepted,
+             "new_tokens": 20, "target_forwards": 10, "wall_time": 1.0} for i, r in enumerate(rewards)]
+
+
+def test_static_curve_is_interpolated_between_its_weights_and_never_extrapolated():
+    from diversed.evaluation.report import static_curve_quality
+
+    exact = synthetic_rows("exact", 8, [1, 1, 1, 0, 0])  # acceptance 0.8, quality 0.6
+    lenient = synthetic_rows("static:0.5", 9, [1, 1, 0, 0, 0])  # acceptance 0.9, quality 0.4
+    assert static_curve_quality([lenient, exact], 0.85) == pytest.approx(0.5)
+    assert static_curve_quality([exact, lenient], 0.8) == pytest.approx(0.6)
+    assert static_curve_quality([exact, lenient], 0.95) is None and static_curve_quality([exact, lenient], 0.7) is None
+    assert static_curve_quality([exact], 0.8) is None and static_curve_quality([exact, lenient], None) is None
+
+
+def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance():
+    methods = ["auto", "exact", "static:0.5", "diversed:head"]
+    rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
+    rows = (synthetic_rows("auto", 0, rewards) + synthetic_rows("exact", 8, rewards)
+            + synthetic_rows("static:0.5", 9, [0] * 10) + synthetic_rows("diversed:head", 8, rewards))
+    for row in rows[:10]:
+        row["drafted"] = 0
+    for i, row in enumerate(rows[-10:]):  # acceptance 0.85 overall: half the examples keep 9 of 10
+        row["accepted"] = 9 if i % 2 else 8
+    by_method = {s["method"]: s for s in summarize_results(rows, methods)}
+    diversed = by_method["diversed:head"]
+    # The curve at 0.85 is halfway between exact (0.6) and static:0.5 (0.0): 0.3; DIVERSED has 0.6.
+    assert diversed["quality_vs_static"] == pytest.approx(0.3)
+    assert diversed["quality_vs_static_low"] <= diversed["quality_vs_static"] <= diversed["quality_vs_static_high"]
+    assert all(by_method[m]["quality_vs_static"] is None for m in ("auto", "exact", "static:0.5"))
+    assert summarize_results(rows, methods) == list(by_method.values())  # fixed seed: repeatable

@@ -7,11 +7,13 @@ import json
 import math
 import random
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
            "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
-           "rejection_vs_exact_high", "tau", "tokens_per_s", "speedup", "new_tokens")
+           "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high", "tau",
+           "tokens_per_s", "speedup", "new_tokens")
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
@@ -23,7 +25,9 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
     tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's.
     Paired comparisons on the examples both methods ran, with 95% percentile-bootstrap intervals (resampling
     examples, fixed seed): quality_vs_auto, the difference in mean reward from auto's; rejection_vs_exact,
-    the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected).
+    the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected);
+    quality_vs_static, for a method off the static curve (DIVERSED, lossy, ...), its quality minus the static
+    ensemble's at the same acceptance (static_curve_quality).
     """
     summaries = []
     for method in methods:
@@ -32,54 +36,97 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
             continue
         rewards = [r["reward"] for r in mine]
         low, high = _interval(rewards)
-        drafted = sum(r["drafted"] for r in mine)
         new_tokens = sum(r["new_tokens"] for r in mine)
         forwards = sum(r["target_forwards"] for r in mine)
         summaries.append({
             "method": method, "examples": len(mine), "quality": sum(rewards) / len(rewards),
             "quality_low": low, "quality_high": high,
-            "acceptance_rate": sum(r["accepted"] for r in mine) / drafted if drafted else None,
+            "acceptance_rate": _acceptance(mine),
             "tau": new_tokens / forwards if forwards else None,
             "tokens_per_s": new_tokens / sum(r["wall_time"] for r in mine),
             "new_tokens": new_tokens / len(mine)})
     auto = next((s for s in summaries if s["method"] == "auto"), None)
     by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
+    curve = [m for m in methods if _on_static_curve(m)]
     for s in summaries:
         s["speedup"] = s["tokens_per_s"] / auto["tokens_per_s"] if auto else None
-        mine = by_method[s["method"]]
-        for key, other, statistic in (("quality_vs_auto", "auto", _reward_difference),
-                                      ("rejection_vs_exact", "exact", _rejection_ratio)):
-            compared = _paired_bootstrap(mine, by_method.get(other, {}), statistic) if s["method"] != other else None
+        method = s["method"]
+        for key, others, statistic in (("quality_vs_auto", ["auto"], _quality_difference),
+                                       ("rejection_vs_exact", ["exact"], _rejection_ratio),
+                                       ("quality_vs_static", curve, _quality_above_static_curve)):
+            compared = (_paired_bootstrap({m: by_method[m] for m in [method, *others]},
+                                          partial(statistic, method, others))
+                        if others and method not in others and set(others) <= by_method.keys() else None)
             s[key], s[key + "_low"], s[key + "_high"] = compared or (None, None, None)
     return summaries
 
 
-def _reward_difference(a: list[dict], b: list[dict]) -> float:
-    return (sum(r["reward"] for r in a) - sum(r["reward"] for r in b)) / len(a)
+def _quality_difference(method: str, others: list[str], rows: dict[str, list[dict]]) -> float:
+    return _mean_reward(rows[method]) - _mean_reward(rows[others[0]])
 
 
-def _rejection_ratio(a: list[dict], b: list[dict]) -> float | None:
-    def rejection(rows: list[dict]) -> float | None:
-        drafted = sum(r["drafted"] for r in rows)
-        return 1 - sum(r["accepted"] for r in rows) / drafted if drafted else None
-
-    mine, theirs = rejection(a), rejection(b)
+def _rejection_ratio(method: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
+    mine, theirs = _rejection(rows[method]), _rejection(rows[others[0]])
     return mine / theirs if mine is not None and theirs else None
 
 
-def _paired_bootstrap(a: dict, b: dict, statistic) -> tuple[float, float, float] | None:
-    """statistic over the examples both ran, and its 95% percentile-bootstrap interval (None if undefined)."""
-    shared = sorted(set(a) & set(b))
-    estimate = statistic([a[e] for e in shared], [b[e] for e in shared]) if shared else None
+def _quality_above_static_curve(method: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
+    static = static_curve_quality([rows[m] for m in curve], _acceptance(rows[method]))
+    return None if static is None else _mean_reward(rows[method]) - static
+
+
+def static_curve_quality(curve: Sequence[list[dict]], acceptance: float | None) -> float | None:
+    """The static ensemble's quality at this acceptance rate: linear between the two measured weights whose
+    acceptance rates enclose it (each method's rows give one point: acceptance over all its drafts, mean
+    reward); None outside the measured range, which is never extrapolated. Exact is the curve's w = 1 end."""
+    points = sorted((a, _mean_reward(rows)) for rows in curve if (a := _acceptance(rows)) is not None)
+    if acceptance is None or len(points) < 2 or not points[0][0] <= acceptance <= points[-1][0]:
+        return None
+    for (a0, q0), (a1, q1) in zip(points, points[1:], strict=False):
+        if a0 <= acceptance <= a1:
+            return q0 if a1 == a0 else q0 + (q1 - q0) * (acceptance - a0) / (a1 - a0)
+    return None
+
+
+def _on_static_curve(method: str) -> bool:
+    return method == "exact" or method.startswith("static:")
+
+
+def _static_weight(method: str) -> float:
+    """The target's weight of a method on the static curve: static:W -> W, exact -> 1."""
+    return 1.0 if method == "exact" else float(method.split(":")[1])
+
+
+def _mean_reward(rows: list[dict]) -> float:
+    return sum(r["reward"] for r in rows) / len(rows)
+
+
+def _acceptance(rows: list[dict]) -> float | None:
+    drafted = sum(r["drafted"] for r in rows)
+    return sum(r["accepted"] for r in rows) / drafted if drafted else None
+
+
+def _rejection(rows: list[dict]) -> float | None:
+    acceptance = _acceptance(rows)
+    return None if acceptance is None else 1 - acceptance
+
+
+def _paired_bootstrap(by_method: dict[str, dict], statistic) -> tuple[float, float, float] | None:
+    """statistic({method: its rows}) over the examples every method ran, and its 95% percentile-bootstrap
+    interval, resampling those examples with a fixed seed (None if the statistic is undefined on them)."""
+    shared = sorted(set.intersection(*(set(rows) for rows in by_method.values())))
+
+    def on(sample: list[str]):
+        return statistic({m: [rows[e] for e in sample] for m, rows in by_method.items()})
+
+    estimate = on(shared) if shared else None
     if estimate is None:
         return None
     rng = random.Random(BOOTSTRAP_SEED)
-    values = []
-    for _ in range(BOOTSTRAP_RESAMPLES):
-        sample = [shared[rng.randrange(len(shared))] for _ in shared]
-        value = statistic([a[e] for e in sample], [b[e] for e in sample])
-        if value is not None:
-            values.append(value)
+    values = [v for _ in range(BOOTSTRAP_RESAMPLES)
+              if (v := on([shared[rng.randrange(len(shared))] for _ in shared])) is not None]
+    if not values:
+        return None
     values.sort()
     return estimate, values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]
 
@@ -97,20 +144,21 @@ def _interval(values: list[float]) -> tuple[float, float]:
 
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
     """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
-    lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) | tau "
-             "| tokens/s | speedup | mean tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) "
+             "| vs static curve (95% CI) | tau | tokens/s | speedup | mean tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        vs_auto = "-" if s["quality_vs_auto"] is None else (
-            f"{100 * s['quality_vs_auto']:+.1f} ({100 * s['quality_vs_auto_low']:+.1f} to "
-            f"{100 * s['quality_vs_auto_high']:+.1f})")
+        vs_auto, vs_static = (
+            "-" if s[key] is None else
+            f"{100 * s[key]:+.1f} ({100 * s[key + '_low']:+.1f} to {100 * s[key + '_high']:+.1f})"
+            for key in ("quality_vs_auto", "quality_vs_static"))
         vs_exact = "-" if s["rejection_vs_exact"] is None else (
             f"{s['rejection_vs_exact']:.2f} ({s['rejection_vs_exact_low']:.2f}-{s['rejection_vs_exact_high']:.2f})")
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
             f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
-            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {_number(s['tau'])} | {s['tokens_per_s']:.2f} | "
-            f"{_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
+            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {_number(s['tau'])} | "
+            f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
     return "\n".join(lines)
 
 
@@ -127,7 +175,8 @@ def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header:
 def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
     """quality_vs_acceptance.png, quality_vs_speedup.png and throughput_vs_acceptance.png.
 
-    The static ensemble's sweep is drawn as a curve (ordered by w), exact and auto as points, DIVERSED
+    The static ensemble's sweep is drawn as a curve (ordered by w, with exact as its w = 1 end), auto as a
+    point, DIVERSED
     heads as stars and transformers' assisted generation as crosses (its defaults as a plus)."""
     import matplotlib
 
@@ -142,17 +191,14 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
         if not points:
             continue
         fig, ax = plt.subplots(figsize=(6, 4.5))
-        static = sorted((s for s in points if s["method"].startswith("static:")),
-                        key=lambda s: float(s["method"].split(":")[1]))
-        if static:
-            ax.plot([s[x_key] for s in static], [_scale(s[y_key], y_key) for s in static], "o-", color="tab:blue",
-                    label="static ensemble (w sweep)")
-            for s in static:
-                ax.annotate(s["method"].split(":")[1], (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
-                            textcoords="offset points", xytext=(4, 4))
+        static = sorted((s for s in points if _on_static_curve(s["method"])), key=lambda s: _static_weight(s["method"]))
+        if len(static) > 1:
+            ax.plot([s[x_key] for s in static], [_scale(s[y_key], y_key) for s in static], "-", color="tab:blue",
+                    label="static ensemble (w sweep; exact is w = 1)")
+        for s in static:
+            ax.annotate(f"w={_static_weight(s['method']):g}", (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
+                        textcoords="offset points", xytext=(4, 4))
         for s in points:
-            if s["method"].startswith("static:"):
-                continue
             marker, color, size = _style(s["method"])
             error = ([[100 * (s["quality"] - s["quality_low"])], [100 * (s["quality_high"] - s["quality"])]]
                      if y_key == "quality" else None)
@@ -214,7 +260,9 @@ def _style(method: str) -> tuple[str, str, int]:
         return "*", "tab:red", 14
     if method.startswith("hf-"):
         return ("P" if method == "hf-default" else "x"), "tab:gray", 9
-    return {"auto": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
+    if _on_static_curve(method):
+        return ("D", "tab:green", 8) if method == "exact" else ("o", "tab:blue", 7)
+    return {"auto": ("s", "black", 8)}.get(method, ("^", "tab:purple", 8))
 
 
 def _label(method: str) -> str:
