@@ -1,93 +1,70 @@
-"""Where a trained DIVERSED head is strict and where it is lenient: its weight w on the target, token by token,
-on completions of held-out prompts.
+"""Where trained DIVERSED heads are strict and where they are lenient: their w by kind of token and by how much
+the models disagree, on completions of held-out prompts (diversed.evaluation.head_weights).
 
-The completions are sampled from the target itself (lossless "exact" speculative decoding), then one
-teacher-forced pass of both models gives, at every generated token, the head's w, the models' disagreement
-TV(q, p) and the expected rejection w * TV. Prints the spread of w, its correlation with TV, mean w by kind
-of token, and the tokens the head trusts the draft least and most with. A head that is a static weight in
-disguise shows a spread near 0 and the same w for every kind of token.
+The completions are those of one method of a finished evaluation (default: exact, i.e. the target's own
+distribution), so every head is read on the same text; without --results, held-out prompts are completed
+here with exact. Writes head_weights.{md,json,png} into --out.
 
-    .venv/bin/python benchmarks/head_tokens.py --head diversed/head/pretrained/humaneval --prompts 6
+    .venv/bin/python benchmarks/head_tokens.py --task gsm8k --results benchmarks/results/gsm8k-t0.1 \\
+        --head lambda0.03=benchmarks/results/train-gsm8k-lambda0.03/checkpoint --limit 40 \\
+        --out benchmarks/results/gsm8k-t0.1/head-weights
 """
 
 from __future__ import annotations
 
 import argparse
-import keyword
-import re
-from collections import defaultdict
+import json
+from pathlib import Path
 
-import torch
-
-from diversed.decoding.sampling import Sampling
+from diversed.evaluation.head_weights import token_weights, write_weights_report
+from diversed.evaluation.run import CONFIG_FILE, RESULTS_FILE
 from diversed.generation import generate, load_head
-from diversed.head.train import score_completions
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task
-from diversed.text import encode_prompt
-
-KINDS = ("newline/indent", "keyword", "name", "number", "string quote", "operator/bracket", "other")
-
-
-def token_kind(text: str) -> str:
-    """A coarse kind for a Python token's text."""
-    core = text.strip()
-    if not core:
-        return "newline/indent"
-    if keyword.iskeyword(core):
-        return "keyword"
-    if re.fullmatch(r"[A-Za-z_]\w*", core):
-        return "name"
-    if re.fullmatch(r"\d+", core):
-        return "number"
-    if re.fullmatch(r"['\"]+.*|.*['\"]+", core):
-        return "string quote"
-    if re.fullmatch(r"[^\w\s]+", core):
-        return "operator/bracket"
-    return "other"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--head", help="folder of a trained head (default: the packaged one)")
-    parser.add_argument("--task", default="humaneval")
-    parser.add_argument("--prompts", type=int, default=6, help="held-out prompts to complete")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=160)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--head", action="append", default=[], metavar="NAME=DIR",
+                        help="a head to read (repeat for several; default: the packaged one)")
+    parser.add_argument("--task", default="gsm8k")
+    parser.add_argument("--results", help="an evaluation folder whose completions to read")
+    parser.add_argument("--method", default="exact", help="whose completions in --results")
+    parser.add_argument("--limit", type=int, default=40, help="completions (the first ones of the test split)")
+    parser.add_argument("--temperature", type=float, help="for TV(q, p) (default: the evaluation's, else 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="when completing here")
+    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-
-    pair = load_pair(backend="transformers")
-    head = load_head(pair, args.head)
+    heads = dict(h.split("=", 1) if "=" in h else (Path(h).name, h) for h in args.head) or {"packaged": None}
     task = get_task(args.task)
-    examples = task.examples("test", limit=args.prompts)
-    completions = generate(pair, [e.prompt for e in examples], method="exact", temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, stop=task.stop, seed=args.seed)
-    ids = [encode_prompt(pair.tokenizer, e.prompt) for e in examples]
-    tokens = [c.tokens for c in completions]
-    h_draft, h_target, _, _, tv, mask, _ = score_completions(pair, ids, tokens, [[False] * len(t) for t in tokens],
-                                                             Sampling(args.temperature))
-    with torch.no_grad():
-        w = head(h_draft, h_target)[mask]
-    tv, texts = tv[mask], [pair.tokenizer.decode([t]) for row in tokens for t in row]
+    examples = {e.id: e for e in task.examples("test", limit=args.limit if not args.results else None)}
+    temperature = args.temperature
+    if args.results:
+        config = json.loads((Path(args.results) / CONFIG_FILE).read_text())
+        if config["task"] != task.name:
+            parser.error(f"{args.results} is an evaluation of {config['task']}, not {task.name}")
+        temperature = config["temperature"] if temperature is None else temperature
+        rows = [json.loads(line) for line in (Path(args.results) / RESULTS_FILE).read_text().splitlines()]
+        rows = sorted((r for r in rows if r["method"] == args.method), key=lambda r: r["index"])[:args.limit]
+        if not rows:
+            parser.error(f"{args.results} has no completions of method {args.method!r}")
+        prompts, completions = [examples[r["example"]].prompt for r in rows], [r["text"] for r in rows]
+        source = f"{len(rows)} completions by {args.method} from {args.results}"
+    temperature = 1.0 if temperature is None else temperature
 
-    print(f"# head {args.head or 'packaged'} on {len(examples)} held-out {task.name} prompts, T = {args.temperature}, "
-          f"{len(texts)} tokens\n")
-    corr = torch.corrcoef(torch.stack([w, tv]))[0, 1].item() if len(texts) > 1 else float("nan")
-    print(f"w: mean {w.mean():.3f}, std over tokens {w.std():.3f}, min {w.min():.3f}, max {w.max():.3f}; "
-          f"TV(q, p): mean {tv.mean():.3f}; corr(w, TV) {corr:+.2f}; expected rejection mean(w * TV) "
-          f"{(w * tv).mean():.4f} (exact: {tv.mean():.4f})\n")
-    by_kind: dict[str, list[int]] = defaultdict(list)
-    for i, text in enumerate(texts):
-        by_kind[token_kind(text)].append(i)
-    print("| kind of token | tokens | mean w | mean TV(q, p) | mean w * TV |\n|---|---|---|---|---|")
-    for kind in KINDS:
-        if by_kind[kind]:
-            wk, tvk = w[by_kind[kind]], tv[by_kind[kind]]
-            print(f"| {kind} | {len(wk)} | {wk.mean():.3f} | {tvk.mean():.3f} | {(wk * tvk).mean():.4f} |")
-    order = w.argsort()
-    for title, picks in (("lowest w (most lenient)", order[:12]), ("highest w (strictest)", order.flip(0)[:12])):
-        print(f"\n{title}: " + ", ".join(f"{texts[i]!r} {w[i]:.2f}" for i in picks.tolist()))
+    pair = load_pair()
+    loaded = {name: load_head(pair, directory) for name, directory in heads.items()}
+    if not args.results:
+        prompts = [e.prompt for e in examples.values()]
+        completions = [c.text for c in generate(pair, prompts, method="exact", temperature=temperature,
+                                                 max_new_tokens=args.max_new_tokens, stop=task.stop)]
+        source = f"{len(prompts)} completions by exact, sampled here"
+    weights = token_weights(pair, loaded, prompts, completions, temperature=temperature,
+                            code=task.metric == "pass@1")
+    header = (f"# Head weights on {task.name} (test), {source}; TV(q, p) at T = {temperature}, "
+              f"{len(weights.text)} tokens; heads: " + ", ".join(f"{n} = {d or 'packaged'}" for n, d in heads.items()))
+    write_weights_report(weights, args.out, header)
+    print((Path(args.out) / "head_weights.md").read_text())
 
 
 if __name__ == "__main__":

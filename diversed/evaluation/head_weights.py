@@ -1,0 +1,196 @@
+"""Where a head is strict and where it is lenient: its w, token by token, on completions of held-out prompts.
+
+The paper's argument for a learned weight is that w should be high (trust the target) where a wrong token
+would change the answer, and low (take the draft) elsewhere. This measures it: one teacher-forced pass of
+both models over given completions gives, at every token, the models' disagreement TV(q, p) and each head's
+w; tokens are grouped by kind (digits, operators, words or code names, keywords, whitespace, punctuation)
+and by how much the models disagree. Every head sees the same completions, so heads compare directly, and a
+static weight in disguise shows the same w for every kind. Intervals resample completions (the tokens of one
+completion are not independent).
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import bootstrap
+from torch import Tensor
+
+from diversed.decoding.sampling import Sampling
+from diversed.head.model import EnsembleHead
+from diversed.head.train import score_completions
+from diversed.models.loading import Pair
+from diversed.text import encode_prompt
+
+KINDS = ("digits", "operators", "words", "code names", "keywords", "whitespace", "punctuation", "other")
+TV_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)  # TV(q, p): the models agree / nearly / differ / disagree
+_OPERATORS = re.compile(r"[+\-*/=<>%^×÷·]+|\\(?:times|div|cdot|frac|le|ge|neq|approx)")
+_BOOTSTRAP_RESAMPLES, _BOOTSTRAP_SEED = 2000, 0
+
+
+def token_kind(text: str, code: bool) -> str:
+    """The kind of one token, from its text; code=True names identifiers "code names" (and tells Python's
+    keywords apart), code=False calls them "words"."""
+    core = text.strip()
+    if not core:
+        return "whitespace"
+    if re.fullmatch(r"[\d.,]*\d[\d.,]*", core):
+        return "digits"
+    if _OPERATORS.fullmatch(core):
+        return "operators"
+    if code and keyword.iskeyword(core):
+        return "keywords"
+    if re.fullmatch(r"[A-Za-z_]\w*", core):
+        return "code names" if code else "words"
+    if re.fullmatch(r"[^\w\s]+", core):
+        return "punctuation"
+    return "other"
+
+
+@dataclass
+class TokenWeights:
+    """Every scored token of some completions: which completion it is in, its text and kind, TV(q, p), and
+    each head's w (by head name)."""
+
+    completion: Tensor  # [N] long
+    text: list[str]
+    kind: list[str]
+    tv: Tensor  # [N]
+    w: dict[str, Tensor]  # head name -> [N]
+
+
+@torch.no_grad()
+def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequence[str], completions: Sequence[str],
+                  *, temperature: float, code: bool) -> TokenWeights:
+    """Each head's w and the models' TV(q, p) (at this temperature) at every token of the completions, which
+    are re-tokenized from their text and read after their prompts (empty completions are skipped)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if not heads:
+        raise ValueError("no head to inspect")
+    kept = [i for i, c in enumerate(completions) if c]
+    if not kept:
+        raise ValueError("every completion is empty: no token to inspect")
+    prompt_ids = [encode_prompt(pair.tokenizer, prompts[i]) for i in kept]
+    tokens = [pair.tokenizer(completions[i], add_special_tokens=False)["input_ids"] for i in kept]
+    h_draft, h_target, _, _, tv, mask, _ = score_completions(
+        pair, prompt_ids, tokens, [[False] * len(t) for t in tokens], Sampling(temperature))
+    texts = [pair.tokenizer.decode([t]) for row in tokens for t in row]
+    return TokenWeights(
+        completion=torch.repeat_interleave(torch.arange(len(tokens)), torch.tensor([len(t) for t in tokens])),
+        text=texts, kind=[token_kind(t, code) for t in texts], tv=tv[mask].float().cpu(),
+        w={name: head(h_draft, h_target)[mask].float().cpu() for name, head in heads.items()})
+
+
+def weights_table(weights: TokenWeights) -> list[dict]:
+    """Per head, per group of tokens (all, each kind, each TV bin): tokens, their share, mean w with a 95%
+    bootstrap interval over completions, mean TV(q, p), and mean w * TV, the expected rejection rate of a
+    drafted token there (exact's is the mean TV)."""
+    groups: list[tuple[str, Tensor]] = [("all", torch.ones_like(weights.tv, dtype=torch.bool))]
+    kinds = np.array(weights.kind)
+    groups += [(kind, torch.from_numpy(kinds == kind)) for kind in KINDS if (kinds == kind).any()]
+    for low, high in zip(TV_BINS, TV_BINS[1:], strict=False):
+        inside = (weights.tv >= low) & ((weights.tv < high) if high < 1 else (weights.tv <= high))
+        if inside.any():
+            groups.append((f"TV {low:g}-{high:g}", inside))
+    rows = []
+    for head, w in weights.w.items():
+        for group, inside in groups:
+            low, high = _completion_bootstrap(w, weights.completion, inside)
+            rows.append({"head": head, "group": group, "tokens": int(inside.sum()),
+                         "share": inside.float().mean().item(), "mean_w": w[inside].mean().item(),
+                         "mean_w_low": low, "mean_w_high": high, "mean_tv": weights.tv[inside].mean().item(),
+                         "expected_rejection": (w * weights.tv)[inside].mean().item()})
+    return rows
+
+
+def _completion_bootstrap(values: Tensor, completion: Tensor, inside: Tensor) -> tuple[float | None, float | None]:
+    """95% percentile interval of the mean of values[inside], resampling completions (a ratio of sums)."""
+    count = completion.max().item() + 1
+    sums = torch.zeros(count).index_add_(0, completion[inside], values[inside]).numpy()
+    counts = torch.bincount(completion[inside], minlength=count).float().numpy()
+    if (counts > 0).sum() < 2:
+        return None, None
+
+    def ratio(s, c, axis=-1):
+        return s.sum(axis=axis) / np.maximum(c.sum(axis=axis), 1e-12)
+
+    with warnings.catch_warnings():  # a head that is one constant w gives a degenerate (but right) interval
+        warnings.simplefilter("ignore")
+        result = bootstrap((sums, counts), ratio, paired=True, vectorized=True, n_resamples=_BOOTSTRAP_RESAMPLES,
+                           method="percentile", rng=np.random.default_rng(_BOOTSTRAP_SEED))
+    low, high = result.confidence_interval
+    return float(low), float(high)
+
+
+def weights_markdown(rows: Sequence[dict]) -> str:
+    """The table as Markdown, one block of rows per head."""
+    lines = ["| head | group of tokens | tokens | share | mean w (95% CI) | mean TV(q, p) | mean w * TV |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        interval = "" if r["mean_w_low"] is None else f" ({r['mean_w_low']:.3f}-{r['mean_w_high']:.3f})"
+        lines.append(f"| {r['head']} | {r['group']} | {r['tokens']} | {100 * r['share']:.1f}% | "
+                     f"{r['mean_w']:.3f}{interval} | {r['mean_tv']:.3f} | {r['expected_rejection']:.4f} |")
+    return "\n".join(lines)
+
+
+def plot_weights(rows: Sequence[dict], out: str | Path) -> Path:
+    """Mean w by kind of token (left) and by the models' disagreement (right), one bar per head, with the
+    intervals and each group's share of the tokens, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads = list(dict.fromkeys(r["head"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    for ax, tv_groups, title in ((axes[0], False, "mean w by kind of token"),
+                                 (axes[1], True, "mean w by disagreement TV(q, p)")):
+        groups = list(dict.fromkeys(r["group"] for r in rows if r["group"] != "all"
+                                    and r["group"].startswith("TV") == tv_groups))
+        width = 0.8 / len(heads)
+        for i, head in enumerate(heads):
+            mine = {r["group"]: r for r in rows if r["head"] == head}
+            x = [j + i * width for j, g in enumerate(groups) if g in mine]
+            shown = [mine[g] for g in groups if g in mine]
+            error = [[r["mean_w"] - (r["mean_w_low"] if r["mean_w_low"] is not None else r["mean_w"]) for r in shown],
+                     [(r["mean_w_high"] if r["mean_w_high"] is not None else r["mean_w"]) - r["mean_w"]
+                      for r in shown]]
+            ax.bar(x, [r["mean_w"] for r in shown], width, yerr=error, capsize=2, label=head)
+        share = {r["group"]: r["share"] for r in rows}
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))],
+                      [f"{g} ({100 * share[g]:.0f}%)" for g in groups], rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("w (weight on the target)")
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def write_weights_report(weights: TokenWeights, out_dir: str | Path, header: str = "") -> list[dict]:
+    """head_weights.{md,json,png} in out_dir, plus the tokens each head trusts the draft least and most with."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = weights_table(weights)
+    extremes = []
+    for head, w in weights.w.items():
+        order = w.argsort()
+        for title, picks in (("lowest w (most lenient)", order[:15]), ("highest w (strictest)", order.flip(0)[:15])):
+            extremes.append(f"{head}, {title}: " + ", ".join(f"{weights.text[i]!r} {w[i]:.2f}" for i in picks.tolist()))
+    (out_dir / "head_weights.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out_dir / "head_weights.md").write_text((header + "\n\n" if header else "") + weights_markdown(rows) + "\n\n"
+                                             + "\n\n".join(extremes) + "\n")
+    plot_weights(rows, out_dir / "head_weights.png")
+    return rows
