@@ -69,12 +69,14 @@ class Rollouts:
     def summary(self) -> dict:
         """What the log reports about the rollouts: mean reward, the acceptance proxy A with the sampling
         head, the measured acceptance rate, mean w and its spread over tokens (a head that tells tokens apart
-        from a static weight in disguise), the mean TV, the tokens and the seconds they took."""
+        from a static weight in disguise), the mean TV, the tokens and the seconds they took (of which the
+        teacher-forced rescoring, where recorded)."""
         return {"reward": self.reward.mean().item(),
                 "acceptance": self.per_sequence_mean(1 - self.old_w * self.tv).item(),
                 "acceptance_rate": self.info["acceptance_rate"], "mean_w": self.old_w.mean().item(),
                 "w_std": self.old_w.std().item() if len(self.old_w) > 1 else 0.0, "mean_tv": self.mean_tv,
-                "new_tokens": self.info["new_tokens"], "rollout_seconds": self.info["seconds"]}
+                "new_tokens": self.info["new_tokens"], "rollout_seconds": self.info["seconds"],
+                **({"scoring_seconds": self.info["scoring_seconds"]} if "scoring_seconds" in self.info else {})}
 
     def save(self, folder: str | Path, step: int) -> None:
         """Write step-{step}.json, then step-{step}.safetensors, each through a temporary file and a rename."""

@@ -205,8 +205,10 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                         stop=stop_checker(pair.tokenizer, task.stop))
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
+    scoring_started = time.perf_counter()
     h_draft, h_target, p_y, q_y, tv, mask, scored = score_completions(pair, batch, generation.tokens,
                                                                       generation.bonus, sampling)
+    scoring_seconds = time.perf_counter() - scoring_started
     h_draft, h_target = h_draft[mask].half(), h_target[mask].half()
     if not (h_draft.isfinite().all() and h_target.isfinite().all()):
         raise ValueError("the models' hidden states overflow float16, the rollouts' storage type")
@@ -225,6 +227,7 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                     reward=reward, advantage=leave_one_out(reward, k), mean_tv=tv[mask].mean().item(),
                     info={"seed": seed, "acceptance_rate": summary["acceptance_rate"],
                           "new_tokens": summary["new_tokens"], "seconds": time.perf_counter() - started,
+                          "scoring_seconds": scoring_seconds,
                           "completions": completions})
 
 
