@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
 
-    rep = commands.add_parser("report", help="the table and pictures of an evaluation so far (running or stopped)")
-    rep.add_argument("out", type=Path, help="the evaluation's --out folder")
+    rep = commands.add_parser("report", help="the table and pictures of an evaluation or a head's training so far "
+                                             "(running or stopped)")
+    rep.add_argument("out", type=Path, help="the evaluation's or the training run's --out folder")
     rep.set_defaults(run=_report)
 
     srv = commands.add_parser("serve", help="an OpenAI-compatible server with a verification dial per request")
@@ -294,13 +295,19 @@ def _eval(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     import json
 
-    from diversed.evaluation.report import markdown_table
+    from diversed.evaluation.report import markdown_table, plot_training, training_table
     from diversed.evaluation.run import CONFIG_FILE, report
+    from diversed.head.train import LOG_FILE
     from diversed.tasks import get_task
 
     config = args.out / CONFIG_FILE
+    if not config.is_file() and (args.out / LOG_FILE).is_file():  # a head's training run
+        plot_training(args.out / LOG_FILE, args.out / "training.png")
+        print(training_table(args.out / LOG_FILE))
+        return 0
     if not config.is_file():
-        raise FileNotFoundError(f"no evaluation in {args.out}: {CONFIG_FILE} is missing")
+        raise FileNotFoundError(f"no evaluation or training run in {args.out}: neither {CONFIG_FILE} nor "
+                                f"{LOG_FILE} is there")
     metric = get_task(json.loads(config.read_text())["task"]).metric
     print(markdown_table(report(args.out, metric), metric))
     return 0

@@ -97,6 +97,10 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
     assert code == 0 and (head / "head.safetensors").is_file() and (head / "head.json").is_file()
     assert len((head / "log.jsonl").read_text().splitlines()) == 2
     assert (head / "training.png").read_bytes()[:4] == b"\x89PNG"
+    (head / "training.png").unlink()
+    code, out, _ = run(["report", str(head)], capsys)  # a training run's table so far, and its curves
+    assert code == 0 and out.splitlines()[0].startswith("| step | reward |") and len(out.splitlines()) == 4
+    assert "| 2 | " in out and (head / "training.png").is_file()
     code, out, _ = run(["generate", "--json", "--method", "diversed", "--head", str(head), "--no-chat",
                         "--max-new-tokens", "4", *pair_args, "t3"], capsys)
     assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"

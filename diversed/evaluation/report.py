@@ -224,9 +224,7 @@ def plot_training(log: Path, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
-    if not steps:
-        raise ValueError(f"{log} has no training steps to plot")
+    steps = _training_steps(log)
     x = [s["step"] for s in steps]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     axes[0].plot(x, [s["reward"] for s in steps], "o-", color="tab:green")
@@ -253,6 +251,29 @@ def plot_training(log: Path, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
+
+
+def training_table(log: Path) -> str:
+    """The steps of a head's training run (its log.jsonl) as a Markdown table: the samples' mean reward and
+    acceptance rate, the sampling head's mean w and its spread over tokens, the gradient norms of the two
+    loss terms at the sampling head, the approximate KL after the update, and the seconds (of which rescoring)."""
+    lines = ["| step | reward | acceptance rate | mean w | w spread | reward-term grad norm "
+             "| acceptance-term grad norm | KL after update | seconds (rescoring) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s in _training_steps(log):
+        scoring = f" ({s['scoring_seconds']:.0f})" if "scoring_seconds" in s else ""
+        lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['acceptance_rate']:.3f} | {s['mean_w']:.3f} | "
+                     f"{s.get('w_std', float('nan')):.3f} | {s.get('pg_grad_norm', float('nan')):.2f} | "
+                     f"{s.get('acceptance_grad_norm', float('nan')):.3f} | {s.get('approx_kl', float('nan')):.1e} | "
+                     f"{s['seconds']:.0f}{scoring} |")
+    return "\n".join(lines)
+
+
+def _training_steps(log: Path) -> list[dict]:
+    steps = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+    if not steps:
+        raise ValueError(f"{log} has no training steps")
+    return steps
 
 
 def _style(method: str) -> tuple[str, str, int]:
