@@ -29,7 +29,7 @@ from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength, SpeedModel
-from diversed.verify import Verification
+from diversed.verify import Verification, total_variation
 
 # The new tokens of a sequence so far -> whether a stop string has appeared.
 StopFn = Callable[[list[int]], bool]
@@ -48,6 +48,7 @@ class Generation:
     stats: list[SequenceStats]
     wall_time: float
     profile: dict[str, float]
+    traces: list[Trace] | None = None  # with decode(trace=True): what the verifier saw at each token
 
     def summary(self) -> dict:
         return summarize(self.stats, self.wall_time)
@@ -69,6 +70,7 @@ def decode(
     seed: int = 0,
     profile: bool = False,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    trace: bool = False,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
@@ -80,6 +82,8 @@ def decode(
     GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
+    trace: keep, for every new token, what the verifier saw there (Generation.traces; the "dynamic" and
+    "diversed" methods with a draft length that never falls to 0, i.e. not the auto schedule).
     """
     target = as_model(target)
     draft = None if draft is None or method.name == "auto" else as_model(draft)
@@ -89,7 +93,8 @@ def decode(
     batch = Batch(target, draft, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
-                None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new))
+                None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
+                trace=Trace() if trace else None)
             for i, p in enumerate(prompts)]
     for job in jobs:
         batch.add(job)
@@ -97,7 +102,8 @@ def decode(
         batch.step()
     batch.close()
     return Generation([j.tokens for j in jobs], [j.bonus for j in jobs], [j.stats for j in jobs],
-                      time.perf_counter() - batch.start, batch.clock.report())
+                      time.perf_counter() - batch.start, batch.clock.report(),
+                      [j.trace for j in jobs] if trace else None)
 
 
 @dataclass(eq=False)
@@ -107,7 +113,7 @@ class Job:
     on_tokens(job, new) is called from the decoding loop with each round's new tokens (cut at EOS, the
     length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled, or
     failed: `error` says why); job.stats.finish_reason says whether it is done ("eos", "stop", "length",
-    "cancelled" or "error").
+    "cancelled" or "error"). With a Trace in `trace`, each emitted token's verifier inputs are kept there.
     Set `cancelled` from any thread: the job leaves the batch before the next round."""
 
     prompt: list[int]
@@ -116,6 +122,7 @@ class Job:
     stop: StopFn | None = None
     on_tokens: Callable[[Job, list[int]], None] | None = None
     cancelled: bool = False
+    trace: Trace | None = None
     error: str = ""
     tokens: list[int] = field(default_factory=list)
     bonus: list[bool] = field(default_factory=list)
@@ -193,6 +200,9 @@ class Batch:
             raise ValueError(f"method {policy.method.label!r} needs a draft model")
         if policy.method.rule == "dynamic" and policy.weight_fn is None:
             raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+        if job.trace is not None and (policy.method.rule != "dynamic" or self.draft_length.schedule == "auto"):
+            raise ValueError("a trace keeps the head's inputs at every token: it needs a dynamic or diversed method "
+                             "and a draft length that never falls to 0 (not the auto schedule)")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
         if self.draft is not None:  # even a target-alone row rides along in the draft's forwards
             _check_prompt(self.draft, "draft", job.prompt, job.max_new_tokens, self.draft_length.longest)
@@ -256,16 +266,19 @@ class Batch:
         catching_up = max(map(len, self.pending.draft)) > 2  # the draft missed target-alone steps' tokens
         # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
         room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
-        drafts, out, lengths = speculative_round(self.target_rows, self.draft_rows, self.pending,
-                                                 groups.draft_caps(self.n, room), groups,
-                                                 self.draft_length.confidence, self.clock)
-        n_round = drafts.shape[1]
-        kept_counts, drafted_counts = out.num_accepted.tolist(), lengths.tolist()
+        result = speculative_round(self.target_rows, self.draft_rows, self.pending, groups.draft_caps(self.n, room),
+                                   groups, self.draft_length.confidence, self.clock)
+        n_round = result.drafts.shape[1]
+        kept_counts, drafted_counts = result.verdict.num_accepted.tolist(), result.lengths.tolist()
         for row, (job, drafted_row, kept, drafted, nxt) in enumerate(zip(
-                self.jobs, drafts.tolist(), kept_counts, drafted_counts, out.next_token.tolist(), strict=True)):
+                self.jobs, result.drafts.tolist(), kept_counts, drafted_counts, result.verdict.next_token.tolist(),
+                strict=True)):
             job.stats.add_round(drafted, kept, draft_forwards=n_round)
             if not _failed(job, groups, row):
+                written = len(job.tokens)
                 job.emit(drafted_row[:kept] + [nxt], self.eos, last_is_bonus=kept == drafted)
+                if job.trace is not None:
+                    job.trace.add(result, row, len(job.tokens) - written)
         if speed is None:
             fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
             self.n = self.draft_length.next(self.n, fully_kept)  # from the length asked for: a cut-off is no verdict
@@ -329,6 +342,52 @@ def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: P
 
 
 @dataclass
+class Round:
+    """One speculative round of a batch: the drafts [B, n'] (row r drafted lengths[r] of them: below n' where
+    its policy capped it or the confidence cut-off stopped it), the verdict, and what the verifier saw: q
+    [B, n', V], p [B, n' + 1, V] and, where a policy needed them, the hidden states that produced them."""
+
+    drafts: Tensor
+    verdict: Verification
+    lengths: Tensor
+    q: Tensor
+    p: Tensor
+    h_draft: Tensor | None  # [B, n', d_draft]
+    h_target: Tensor | None  # [B, n' + 1, d_target]
+
+
+@dataclass
+class Trace:
+    """What the verifier saw at each token a job emitted: the draft's and the target's last hidden states that
+    predicted it, p(y) and q(y) as the rule used them, and TV(q, p). Training keeps its rollouts this way
+    instead of running both models over them again. A bonus token (drawn from p after a fully kept round)
+    had no draft: there the draft's state is zeros, q(y) is p(y) and TV is 0 (Job.bonus tells which)."""
+
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+
+    def add(self, result: Round, row: int, count: int) -> None:
+        """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
+        if count == 0:
+            return
+        kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
+        tokens = torch.cat([result.drafts[row, :kept], result.verdict.next_token[row:row + 1]])[:count]
+        scored = min(count, drafted)  # a bonus token, if any, is the last
+        p, q = result.p[row, :count], result.q[row, :scored]
+        p_y = p.gather(-1, tokens.to(p.device)[:, None]).squeeze(-1)
+        q_y = torch.cat([q.gather(-1, tokens[:scored].to(q.device)[:, None]).squeeze(-1), p_y[scored:]])
+        tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
+        h_draft = result.h_draft[row, :scored]
+        h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
+        self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv))
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y and tv [T] over the job's T tokens."""
+        if not self.parts:
+            raise ValueError("the trace is empty: the job emitted no token")
+        return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
+
+
+@dataclass
 class _Pending:
     """The tokens each model has not seen yet, per row. The target's: the prompt, then the last emitted
     token. The draft's: the prompt, then [last emitted] or, after a fully kept round, [last draft, it]."""
@@ -342,10 +401,9 @@ class _Pending:
 
 
 def speculative_round(target: Rows, draft: Rows, pending: _Pending, caps: list[int], groups: Groups,
-                      confidence: float, clock: PhaseClock) -> tuple[Tensor, Verification, Tensor]:
+                      confidence: float, clock: PhaseClock) -> Round:
     """Draft up to caps[r] tokens for row r, verify them in one target forward, roll both models back to the kept
-    tokens and set `pending` for the next round. Returns the drafts [B, n'], the verdict and each row's own
-    draft length [B] (below n' where its policy caps it or the confidence cut-off stopped it)."""
+    tokens and set `pending` for the next round."""
     target_before, draft_before = target.lengths, draft.lengths
     drafts, q, h_draft, lengths = _draft(draft, pending.draft, caps, groups, confidence, clock)
     n_round = drafts.shape[1]
@@ -365,7 +423,7 @@ def speculative_round(target: Rows, draft: Rows, pending: _Pending, caps: list[i
     last_draft, next_token = drafts[:, -1].tolist(), out.next_token.tolist()
     pending.target = [[t] for t in next_token]
     pending.draft = [[d, t] if k == n_round else [t] for d, t, k in zip(last_draft, next_token, kept, strict=True)]
-    return drafts, out, lengths
+    return Round(drafts, out, lengths, q, p, h_draft, h_target)
 
 
 def _draft(draft: Rows, tokens: list[list[int]], caps: list[int], groups: Groups, confidence: float,

@@ -3,7 +3,7 @@ term for the task reward, and the acceptance term.
 
     loss            = pg_loss + acceptance_term
     pg_loss         = -(1/S) sum_sequences sum_{t not bonus} min(r_t A, clip(r_t, 1 - eps, 1 + eps) A)
-    acceptance_term = -lambda (1/S) sum_sequences mean_t (1 - w_t TV_t / mean TV)
+    acceptance_term = -lambda (1/S) sum_sequences mean_{t not bonus} (1 - w_t TV_t / mean TV)
     r_t = nu_t(y_t) / nu_old_t(y_t),  nu = w p + (1 - w) q,  nu_old with the w of the head that sampled y;
     A the sequence's advantage (its reward minus the leave-one-out baseline); S sequences.
 
@@ -15,12 +15,13 @@ rollouts go wrong. Per token (as PPO for language models does) the surrogate has
 gradient at the sampling head (r = 1: A sum_t grad log nu_t), each ratio stays near 1 where the head moved
 little, and the clip bounds each token's contribution. The price: away from r = 1 it ignores how the changes
 at earlier tokens reweight the later ones, a first-order error that the clip and a few epochs keep small.
-Bonus tokens come from p, which does not depend on the head: their ratio is 1 and they carry no gradient.
+Bonus tokens come from p, which does not depend on the head: their ratio is 1 and they carry no gradient;
+no draft was verified there, so they have no acceptance either.
 (The head also decides which positions become bonus tokens; like the paper, the estimator ignores that, a
 small bias where bonus tokens are rare.)
 
 The acceptance term is a function of the head's w on the stored inputs, differentiable directly: it needs no
-ratio. It is measured in units of the step's mean TV(q, p) over all its tokens (a constant of the rollouts):
+ratio. It is measured in units of the step's mean TV(q, p) over its scored tokens (a constant of the rollouts):
 mean_t (1 - w_t TV_t / mean TV) is 1 at w = 0 and about 0 at w = 1 for any pair, so lambda's scale does not
 depend on how much the two models disagree (unnormalised, the default pair's TV of about 0.03 on code made
 lambda = 30 the level where the acceptance term acted).
@@ -79,6 +80,7 @@ def term_gradient_norms(head: EnsembleHead, batch: Rollouts, lam: float, clip: f
 
 
 def _log_nu(w: Tensor, batch: Rollouts) -> Tensor:
-    # p_y and q_y are rescored teacher-forced, not the values the token was sampled with: a sampled token's
-    # nu may round to 0 in float32, and the clamp keeps its log finite (with zero gradient there).
+    # The clamp keeps the log finite where nu rounds to 0 in float32 (zero gradient there): a bonus token, drawn
+    # from p, may be one the draft and the head give no weight; and rollouts of runs from before they were
+    # traced hold teacher-forced rescores, not the values the tokens were sampled with.
     return torch.log((w * batch.p_y + (1 - w) * batch.q_y).clamp_min(torch.finfo(torch.float32).tiny))

@@ -1,10 +1,12 @@
 """One training step's rollouts, kept on disk so the head learns from them without running the models again.
 
 A step's rollouts are its `prompts_per_step x samples_per_prompt` completions, sampled together by
-speculative decoding with the head of that time and rescored teacher-forced (diversed.head.train). They are
-kept flat over the generated tokens (no padding): for each token what the loss needs (the head's inputs,
-the token, p_t(y_t), q_t(y_t), TV(q_t, p_t), whether it was a bonus token, the sampling head's w_t, the
-completion it belongs to) and for each completion its reward and advantage.
+speculative decoding with the head of that time, which keeps what the verifier saw at each token
+(diversed.decoding.engine.Trace; diversed.head.train). They are kept flat over the generated tokens (no
+padding): for each token what the loss needs (the head's inputs, the token, p_t(y_t), q_t(y_t),
+TV(q_t, p_t), whether it was a bonus token, the sampling head's w_t, the completion it belongs to) and for
+each completion its reward and advantage. Bonus tokens had no draft and no w: the loss and the statistics
+use the other ("scored") tokens only.
 
 On disk, in a run's rollouts/ folder: step-000012.safetensors (the tensors; the head's inputs in float16,
 which halves the file and is where the stored w_t was computed) and step-000012.json (what a person reads:
@@ -44,7 +46,7 @@ class Rollouts:
     sequence: Tensor  # [N] int64: the completion the token belongs to, 0..S-1, in order
     reward: Tensor  # [S] float32: the task's reward
     advantage: Tensor  # [S] float32: the reward minus the mean reward of the other samples of its prompt
-    mean_tv: float  # TV averaged over the whole step's tokens: the unit of the acceptance term
+    mean_tv: float  # TV averaged over the step's scored tokens: the unit of the acceptance term
     info: dict = field(default_factory=dict)  # examples, completions, decoding statistics, seconds (JSON)
 
     def to(self, device: torch.device | str) -> Rollouts:
@@ -62,19 +64,21 @@ class Rollouts:
         return replace(self, **tokens, reward=self.reward[rows], advantage=self.advantage[rows])
 
     def per_sequence_mean(self, values: Tensor) -> Tensor:
-        """The mean over completions of each completion's mean of `values` [N] over its tokens."""
-        lengths = torch.bincount(self.sequence, minlength=len(self.reward)).clamp_min(1)
-        return (values / lengths[self.sequence]).sum() / len(self.reward)
+        """The mean over completions of each completion's mean of `values` [N] over its scored tokens."""
+        scored = ~self.bonus
+        lengths = torch.bincount(self.sequence[scored], minlength=len(self.reward)).clamp_min(1)
+        return (values[scored] / lengths[self.sequence[scored]]).sum() / len(self.reward)
 
     def summary(self) -> dict:
         """What the log reports about the rollouts: mean reward, the acceptance proxy A with the sampling
-        head, the measured acceptance rate, mean w and its spread over tokens (a head that tells tokens apart
-        from a static weight in disguise), the mean TV, the tokens and the seconds they took (of which the
-        teacher-forced rescoring, where recorded)."""
+        head, the measured acceptance rate, mean w and its spread over the scored tokens (a head that tells
+        tokens apart from a static weight in disguise), the mean TV, the tokens and the seconds they took (of
+        which the teacher-forced rescoring, in runs from before rollouts were traced)."""
+        w = self.old_w[~self.bonus]
         return {"reward": self.reward.mean().item(),
                 "acceptance": self.per_sequence_mean(1 - self.old_w * self.tv).item(),
-                "acceptance_rate": self.info["acceptance_rate"], "mean_w": self.old_w.mean().item(),
-                "w_std": self.old_w.std().item() if len(self.old_w) > 1 else 0.0, "mean_tv": self.mean_tv,
+                "acceptance_rate": self.info["acceptance_rate"], "mean_w": w.mean().item(),
+                "w_std": w.std().item() if len(w) > 1 else 0.0, "mean_tv": self.mean_tv,
                 "new_tokens": self.info["new_tokens"], "rollout_seconds": self.info["seconds"],
                 **({"scoring_seconds": self.info["scoring_seconds"]} if "scoring_seconds" in self.info else {})}
 

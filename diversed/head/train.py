@@ -5,9 +5,11 @@ One step:
   1. rollouts: for each of `prompts_per_step` prompts, `samples_per_prompt` completions, all decoded together,
      sampled from the ensemble nu_t = w_t p_t + (1 - w_t) q_t by speculative decoding with the "dynamic" rule
      and the current head (every emitted token but the bonus tokens is distributed exactly as nu_t);
+     the decoding keeps, at every emitted token, what the verifier saw there (diversed.decoding.engine.Trace):
+     both models' hidden states, p_t(y_t), q_t(y_t) and TV(q_t, p_t), so the models never run again for it
+     (a teacher-forced pass over the completions took as long as sampling them);
   2. rewards R(y) from the task, and advantages R - b, b the mean reward of the other samples of the prompt;
-  3. one teacher-forced pass of both (frozen) models over prompt + completion: hidden states, p_t(y_t),
-     q_t(y_t) and TV(q_t, p_t) at every generated position, and the sampling head's w_t;
+  3. the sampling head's w_t on the stored (float16) inputs;
   4. all that is stored (diversed.head.rollouts: rollouts/step-NNNNNN.safetensors + .json), so the models
      never run again for it: a killed run resumes without redoing the rollouts already stored;
   5. `ppo_epochs` passes over the stored rollouts in `minibatches` random minibatches of completions, each an
@@ -195,26 +197,26 @@ def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examp
 
 def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
              config: TrainConfig, sampling: Sampling, seed: int) -> Rollouts:
-    """Sample samples_per_prompt completions of each prompt in one decode call, reward them and rescore them."""
+    """Sample samples_per_prompt completions of each prompt in one decode call, keeping what the verifier saw at
+    each token, and reward them."""
     started = time.perf_counter()
     k = config.samples_per_prompt
     batch = [p for p in prompt_ids for _ in range(k)]
     generation = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
                         draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
-                        stop=stop_checker(pair.tokenizer, task.stop))
+                        stop=stop_checker(pair.tokenizer, task.stop), trace=True)
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
-    scoring_started = time.perf_counter()
-    h_draft, h_target, p_y, q_y, tv, mask, scored = score_completions(pair, batch, generation.tokens,
-                                                                      generation.bonus, sampling)
-    scoring_seconds = time.perf_counter() - scoring_started
-    h_draft, h_target = h_draft[mask].half(), h_target[mask].half()
+    device = pair.target.device
+    h_draft, h_target, p_y, q_y, tv = (torch.cat(column).to(device) for column in zip(
+        *(trace.tensors() for trace in generation.traces), strict=True))
+    bonus = torch.tensor([b for row in generation.bonus for b in row], device=device)
+    h_draft, h_target = h_draft.half(), h_target.half()
     if not (h_draft.isfinite().all() and h_target.isfinite().all()):
         raise ValueError("the models' hidden states overflow float16, the rollouts' storage type")
     with torch.no_grad():  # the sampling head's w on exactly the stored inputs: the ratio starts at exactly 1
         old_w = head(h_draft.float(), h_target.float())
-    device = pair.target.device
     reward = torch.tensor(rewards, dtype=torch.float32, device=device)
     lengths = torch.tensor([len(t) for t in generation.tokens], device=device)
     summary = generation.summary()
@@ -222,12 +224,12 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                    for i, (r, text) in enumerate(zip(rewards, texts, strict=True))]
     return Rollouts(h_draft=h_draft, h_target=h_target,
                     token=torch.tensor([t for row in generation.tokens for t in row], device=device),
-                    p_y=p_y[mask], q_y=q_y[mask], tv=tv[mask], bonus=~scored[mask], old_w=old_w,
+                    p_y=p_y.float(), q_y=q_y.float(), tv=tv.float(), bonus=bonus, old_w=old_w,
                     sequence=torch.repeat_interleave(torch.arange(len(batch), device=device), lengths),
-                    reward=reward, advantage=leave_one_out(reward, k), mean_tv=tv[mask].mean().item(),
+                    reward=reward, advantage=leave_one_out(reward, k),
+                    mean_tv=tv[~bonus].mean().nan_to_num().item(),
                     info={"seed": seed, "acceptance_rate": summary["acceptance_rate"],
                           "new_tokens": summary["new_tokens"], "seconds": time.perf_counter() - started,
-                          "scoring_seconds": scoring_seconds,
                           "completions": completions})
 
 
