@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diversed.decoding.sampling import Sampling
-from diversed.evaluation.head_weights import token_kind, token_weights, weights_table, write_weights_report
+from diversed.evaluation.head_weights import KINDS, token_kind, token_weights, weights_table, write_weights_report
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.train import score_completions
 from diversed.text import encode_prompt
@@ -67,9 +67,13 @@ def test_table_by_kind_and_disagreement_with_intervals_over_completions(pair, he
         assert everything["mean_w"] == pytest.approx(w.mean().item())
         assert everything["expected_rejection"] == pytest.approx((w * weights.tv).mean().item())
         assert everything["mean_w_low"] <= everything["mean_w"] + 1e-6 <= everything["mean_w_high"] + 2e-6
-        # Each token is in exactly one kind and exactly one TV bin.
-        assert sum(r["tokens"] for g, r in mine.items() if g != "all" and not g.startswith("TV")) == len(w)
+        # Each token is in exactly one kind, one range of positions and one TV bin.
+        assert sum(r["tokens"] for g, r in mine.items() if g in KINDS) == len(w)
+        assert sum(r["tokens"] for g, r in mine.items() if g.startswith("token")) == len(w)
         assert sum(r["tokens"] for g, r in mine.items() if g.startswith("TV")) == len(w)
+        assert mine["token 1"]["tokens"] == 3 and mine["tokens 2-10"]["tokens"] == 4 + 2 + 6
+        first = w[torch.tensor([0, 5, 8])]  # the completions' first tokens (5, 3 and 7 tokens long)
+        assert mine["token 1"]["mean_w"] == pytest.approx(first.mean().item())
     steady = [r for r in rows if r["head"] == "steady"]
     assert all(r["mean_w"] == pytest.approx(0.3) for r in steady)
     assert weights_table(weights) == rows  # fixed seed: repeatable

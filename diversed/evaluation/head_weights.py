@@ -3,8 +3,9 @@
 The paper's argument for a learned weight is that w should be high (trust the target) where a wrong token
 would change the answer, and low (take the draft) elsewhere. This measures it: one teacher-forced pass of
 both models over given completions gives, at every token, the models' disagreement TV(q, p) and each head's
-w; tokens are grouped by kind (digits, operators, words or code names, keywords, whitespace, punctuation)
-and by how much the models disagree. Every head sees the same completions, so heads compare directly, and a
+w; tokens are grouped by kind (digits, operators, words or code names, keywords, whitespace, punctuation),
+by position in the completion (the first token often decides how an answer starts) and by how much the
+models disagree. Every head sees the same completions, so heads compare directly, and a
 static weight in disguise shows the same w for every kind. Intervals resample completions (the tokens of one
 completion are not independent).
 """
@@ -32,6 +33,7 @@ from diversed.text import encode_prompt
 
 KINDS = ("digits", "operators", "words", "code names", "keywords", "whitespace", "punctuation", "other")
 TV_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)  # TV(q, p): the models agree / nearly / differ / disagree
+POSITIONS = ((0, 1, "token 1"), (1, 10, "tokens 2-10"), (10, None, "tokens 11+"))  # where in the completion
 _OPERATORS = re.compile(r"[+\-*/=<>%^×÷·]+|\\(?:times|div|cdot|frac|le|ge|neq|approx)")
 _BOOTSTRAP_RESAMPLES, _BOOTSTRAP_SEED = 2000, 0
 
@@ -91,12 +93,19 @@ def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequen
 
 
 def weights_table(weights: TokenWeights) -> list[dict]:
-    """Per head, per group of tokens (all, each kind, each TV bin): tokens, their share, mean w with a 95%
+    """Per head, per group of tokens (all, each kind, each position range, each TV bin): tokens, their share,
+    mean w with a 95%
     bootstrap interval over completions, mean TV(q, p), and mean w * TV, the expected rejection rate of a
     drafted token there (exact's is the mean TV)."""
     groups: list[tuple[str, Tensor]] = [("all", torch.ones_like(weights.tv, dtype=torch.bool))]
     kinds = np.array(weights.kind)
     groups += [(kind, torch.from_numpy(kinds == kind)) for kind in KINDS if (kinds == kind).any()]
+    counts = torch.bincount(weights.completion)
+    position = torch.arange(len(weights.tv)) - (torch.cumsum(counts, 0) - counts)[weights.completion]
+    for start, end, name in POSITIONS:
+        inside = (position >= start) & ((position < end) if end is not None else True)
+        if inside.any():
+            groups.append((name, inside))
     for low, high in zip(TV_BINS, TV_BINS[1:], strict=False):
         inside = (weights.tv >= low) & ((weights.tv < high) if high < 1 else (weights.tv <= high))
         if inside.any():
@@ -143,19 +152,19 @@ def weights_markdown(rows: Sequence[dict]) -> str:
 
 
 def plot_weights(rows: Sequence[dict], out: str | Path) -> Path:
-    """Mean w by kind of token (left) and by the models' disagreement (right), one bar per head, with the
-    intervals and each group's share of the tokens, in one PNG."""
+    """Mean w by kind of token, by position in the completion and by the models' disagreement, one bar per
+    head, with the intervals and each group's share of the tokens, in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     heads = list(dict.fromkeys(r["head"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
-    for ax, tv_groups, title in ((axes[0], False, "mean w by kind of token"),
-                                 (axes[1], True, "mean w by disagreement TV(q, p)")):
-        groups = list(dict.fromkeys(r["group"] for r in rows if r["group"] != "all"
-                                    and r["group"].startswith("TV") == tv_groups))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [3, 1.5, 2]})
+    for ax, panel, title in ((axes[0], "kind", "mean w by kind of token"),
+                             (axes[1], "position", "by position in the completion"),
+                             (axes[2], "TV", "by disagreement TV(q, p)")):
+        groups = list(dict.fromkeys(r["group"] for r in rows if r["group"] != "all" and _panel(r["group"]) == panel))
         width = 0.8 / len(heads)
         for i, head in enumerate(heads):
             mine = {r["group"]: r for r in rows if r["head"] == head}
@@ -177,6 +186,10 @@ def plot_weights(rows: Sequence[dict], out: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
+
+
+def _panel(group: str) -> str:
+    return "TV" if group.startswith("TV") else "position" if group.startswith("token") else "kind"
 
 
 def write_weights_report(weights: TokenWeights, out_dir: str | Path, header: str = "") -> list[dict]:
