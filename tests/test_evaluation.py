@@ -320,3 +320,13 @@ def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance
     assert diversed["quality_vs_static_low"] <= diversed["quality_vs_static"] <= diversed["quality_vs_static_high"]
     assert all(by_method[m]["quality_vs_static"] is None for m in ("auto", "exact", "static:0.5"))
     assert summarize_results(rows, methods) == list(by_method.values())  # fixed seed: repeatable
+
+
+def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
+    from diversed.evaluation.report import _interval
+
+    low, high = _interval([1.0] * 3 + [0.0] * 5)  # 3 of 8: Wilson's score interval, 95%
+    assert (low, high) == (pytest.approx(0.1368, abs=1e-4), pytest.approx(0.6943, abs=1e-4))
+    assert _interval([0.0] * 8)[0] == 0.0 and _interval([1.0] * 8)[1] == 1.0
+    low, high = _interval([0.2, 0.4, 0.6])  # mean 0.4, standard error 0.2 / sqrt(3)
+    assert (low, high) == (pytest.approx(0.4 - 1.95996 * 0.11547, abs=1e-4), pytest.approx(0.4 + 0.22632, abs=1e-4))

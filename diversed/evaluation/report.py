@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import random
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+
+from scipy.stats import binomtest, norm, sem
 
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
            "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
@@ -132,14 +133,14 @@ def _paired_bootstrap(by_method: dict[str, dict], statistic) -> tuple[float, flo
 
 
 def _interval(values: list[float]) -> tuple[float, float]:
-    n, mean = len(values), sum(values) / len(values)
-    z = 1.96
-    if set(values) <= {0.0, 1.0}:  # Wilson score interval: sensible at 0% and 100%, unlike the normal one
-        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return centre - half, centre + half
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
+    """95% interval of a mean: Wilson's score interval for 0/1 values (sensible at 0% and 100%, unlike the
+    normal one), else the normal approximation."""
+    if set(values) <= {0.0, 1.0}:
+        ci = binomtest(round(sum(values)), len(values)).proportion_ci(0.95, method="wilson")
+        return float(ci.low), float(ci.high)
+    mean = sum(values) / len(values)
+    half = float(norm.ppf(0.975) * sem(values)) if len(values) > 1 else 0.0
+    return mean - half, mean + half
 
 
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
