@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--task", required=True, help=TASK_HELP)
     train.add_argument("--out", required=True, type=Path, help="folder for checkpoints, log.jsonl and the head")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--until-step", type=int,
+                       help="stop after this step (checkpoint and head written); --resume continues the run later")
     train.add_argument("--lambda", dest="lam", type=float, default=TrainConfig.lam,
                        help="weight of the acceptance reward: the speed/quality dial")
     for name, kind in (("temperature", float), ("draft_len", int), ("max_new_tokens", int), ("lr", float),
@@ -257,11 +259,13 @@ def _train(args: argparse.Namespace) -> int:
     _sandbox(args)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if args.until_step is not None and args.until_step < 1:
+        raise ValueError(f"--until-step must be >= 1, got {args.until_step}")
     task = get_task(args.task)
     task.examples("train", limit=config.limit)  # the data loads (and is checked) before the models
     check_run_folder(args.out, config, args.resume)
     _check_load_options(args)
-    train_head(_load(args), task, config, args.out, resume=args.resume)
+    train_head(_load(args), task, config, args.out, resume=args.resume, until_step=args.until_step)
     plot_training(args.out / LOG_FILE, args.out / "training.png")
     print(args.out)
     return 0

@@ -272,6 +272,7 @@ TRAIN = [
     (["--task", "humaneval", "--split", "x"], "unrecognized arguments"),
     (["--out", "{file.txt}"], "is a file"),
     (["--resume"], "nothing to resume"),
+    (["--until-step", "0"], "--until-step must be >= 1"),
 ]
 
 

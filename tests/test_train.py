@@ -243,6 +243,19 @@ def test_resume_after_a_kill_gives_the_uninterrupted_run(pair, tmp_path, monkeyp
     assert [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in log_rows(tmp_path)] == timeless
 
 
+def test_a_run_stopped_at_a_step_and_resumed_is_the_uninterrupted_run(pair, tmp_path, uninterrupted):
+    full, full_out = uninterrupted
+    partial = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, until_step=1, progress=False)
+    assert len(log_rows(tmp_path)) == 1 and partial.config.training["steps"] == 1
+    assert json.loads((tmp_path / "head.json").read_text())["training"]["total_steps"] == 3
+    resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, resume=True, progress=False)
+    assert resumed.config.training["steps"] == 3
+    for key, value in full.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="until_step must be >= 1"):
+        train_head(pair, DRAFT_LOVER, config(epochs=1), tmp_path / "other", until_step=0, progress=False)
+
+
 def test_a_kill_during_a_checkpoint_leaves_the_previous_one_whole(pair, tmp_path, monkeypatch, uninterrupted):
     original, calls = train.save_file, {"n": 0}
 

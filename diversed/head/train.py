@@ -130,13 +130,17 @@ class TrainConfig:
 
 
 def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-               progress: bool = True) -> EnsembleHead:
+               until_step: int | None = None, progress: bool = True) -> EnsembleHead:
     """Train a head for the pair on the task's training split; write the rollouts, checkpoints, a JSONL log
     (one line per step: the rollouts' reward, acceptance proxy A, measured acceptance rate, mean w and its
     spread over tokens; both loss terms and their gradient norms, the clip fraction and the approximate KL
     between the sampling head and the updated one) and the final head to out_dir.
 
-    With resume=True, continue from the last checkpoint in out_dir (the same config is required)."""
+    With resume=True, continue from the last checkpoint in out_dir (the same config is required). With
+    until_step, stop after that step (with a checkpoint, and the head so far written as the run's head; its
+    head.json says how many steps it has had): a later resume continues the same run."""
+    if until_step is not None and until_step < 1:
+        raise ValueError(f"until_step must be >= 1, got {until_step}")
     out_dir = Path(out_dir)
     check_run_folder(out_dir, config, resume)
     examples = task.examples("train", limit=config.limit)
@@ -154,8 +158,9 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
 
     sampling = Sampling(config.temperature)
     ids = [encode_prompt(pair.tokenizer, e.prompt) for e in examples]
+    last = total_steps if until_step is None else min(until_step, total_steps)
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress, dynamic_ncols=True)
-    while step < total_steps:
+    while step < last:
         epoch, index = divmod(step, steps_per_epoch)
         order = list(range(len(examples)))
         random.Random(config.seed + epoch).shuffle(order)  # a function of (seed, epoch): resumable
@@ -173,10 +178,11 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         bar.update()
         bar.set_postfix(reward=f"{record['reward']:.2f}", accept=f"{record['acceptance']:.2f}",
                         w=f"{record['mean_w']:.2f}", kl=f"{record['approx_kl']:.1e}")
-        if step % config.checkpoint_every == 0 or step == total_steps:
+        if step % config.checkpoint_every == 0 or step == last:
             _checkpoint(out_dir, head, optimizer, step, config)
     bar.close()
     head.config.training["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    head.config.training["steps"], head.config.training["total_steps"] = step, total_steps
     head.save(out_dir)
     return head
 
