@@ -172,10 +172,12 @@ def report(out_dir: str | Path, metric: str) -> list[dict]:
 
 
 def _header(config: EvalConfig, examples: str) -> str:
+    # dtype and the int8 draft are transformers' settings: a llama.cpp run's weights are its GGUF files'.
+    weights = "" if config.backend == "llama.cpp" else (
+        f", {config.dtype}{', int8 draft' if config.draft_int8 else ''}")
     return (f"{config.task} ({config.split}, {examples}), {config.draft_model} -> "
-            f"{config.target_model}, {config.backend or 'transformers'}, {config.dtype}, "
-            f"T = {config.temperature}, drafts {config.drafting}"
-            f"{', int8 draft' if config.draft_int8 else ''}, "
+            f"{config.target_model}, {config.backend or 'transformers'}{weights}, "
+            f"T = {config.temperature}, drafts {config.drafting}, "
             f"{config.max_new_tokens} new tokens, seed {config.seed}")
 
 
