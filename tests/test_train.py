@@ -86,6 +86,13 @@ def test_a_minibatch_keeps_its_sequences_tokens_renumbered():
     torch.testing.assert_close(part.per_sequence_mean(part.tv), ((tv * scored).sum(-1) / scored.sum(-1)).mean())
 
 
+def test_the_summary_reads_w_over_scored_tokens_and_at_each_completions_first_token():
+    rollouts = synthetic()
+    summary = rollouts.summary()
+    assert summary["first_w"] == pytest.approx(rollouts.old_w[[0, 5, 10, 15]].mean().item())
+    assert summary["mean_w"] == pytest.approx(rollouts.old_w[~rollouts.bonus].mean().item())
+
+
 @pytest.mark.parametrize("above", [True, False])
 def test_the_clip_stops_the_policy_gradient_only_on_the_side_it_guards(above):
     """r > 1 + eps with A > 0, or r < 1 - eps with A < 0, would push r further out: zero gradient there.
@@ -191,7 +198,7 @@ def uninterrupted(pair, tmp_path_factory):
 def test_the_log_reports_both_terms_and_the_update(uninterrupted):
     _, out = uninterrupted
     for row in log_rows(out):
-        for key in ("reward", "acceptance", "acceptance_rate", "mean_w", "w_std", "mean_tv", "pg_loss",
+        for key in ("reward", "acceptance", "acceptance_rate", "mean_w", "w_std", "first_w", "mean_tv", "pg_loss",
                     "acceptance_term", "loss", "pg_grad_norm", "acceptance_grad_norm", "grad_norm", "clip_fraction",
                     "approx_kl", "updates"):
             assert key in row, key

@@ -235,13 +235,16 @@ def plot_training(log: Path, out: Path) -> Path:
     axes[1].legend(fontsize=8)
     axes[1].set_title("acceptance")
     mean_w = [s["mean_w"] for s in steps]
-    axes[2].plot(x, mean_w, "o-", color="tab:red")
+    axes[2].plot(x, mean_w, "o-", color="tab:red", label="mean w")
     if all("w_std" in s for s in steps):  # logs written before w_std was recorded have the mean only
         w_std = [s["w_std"] for s in steps]
         axes[2].fill_between(x, [m - d for m, d in zip(mean_w, w_std, strict=True)],
                              [m + d for m, d in zip(mean_w, w_std, strict=True)], color="tab:red", alpha=0.2,
                              label="± std over tokens")
-        axes[2].legend(fontsize=8)
+    first = [(s["step"], s["first_w"]) for s in steps if "first_w" in s]  # logged since the first GSM8K run
+    if first:
+        axes[2].plot(*zip(*first, strict=True), "^:", color="tab:purple", label="mean w at the first token")
+    axes[2].legend(fontsize=8)
     axes[2].set_ylim(0, 1)
     axes[2].set_title("mean w (weight on the target)")
     for ax in axes:
