@@ -259,15 +259,17 @@ def plot_training(log: Path, out: Path) -> Path:
 
 def training_table(log: Path) -> str:
     """The steps of a head's training run (its log.jsonl) as a Markdown table: the samples' mean reward and
-    acceptance rate, the sampling head's mean w and its spread over tokens, the gradient norms of the two
-    loss terms at the sampling head, the approximate KL after the update, and the seconds (of which rescoring)."""
-    lines = ["| step | reward | acceptance rate | mean w | w spread | reward-term grad norm "
+    acceptance rate, the sampling head's mean w, its spread over tokens and its mean at the first token (where
+    logged), the gradient norms of the two loss terms at the sampling head, the approximate KL after the
+    update, and the seconds (of which rescoring)."""
+    lines = ["| step | reward | acceptance rate | mean w | w spread | w at token 1 | reward-term grad norm "
              "| acceptance-term grad norm | KL after update | seconds (rescoring) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in _training_steps(log):
         scoring = f" ({s['scoring_seconds']:.0f})" if "scoring_seconds" in s else ""
+        first = f"{s['first_w']:.3f}" if "first_w" in s else "-"
         lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['acceptance_rate']:.3f} | {s['mean_w']:.3f} | "
-                     f"{s.get('w_std', float('nan')):.3f} | {s.get('pg_grad_norm', float('nan')):.2f} | "
+                     f"{s.get('w_std', float('nan')):.3f} | {first} | {s.get('pg_grad_norm', float('nan')):.2f} | "
                      f"{s.get('acceptance_grad_norm', float('nan')):.3f} | {s.get('approx_kl', float('nan')):.1e} | "
                      f"{s['seconds']:.0f}{scoring} |")
     return "\n".join(lines)
