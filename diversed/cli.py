@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("minibatches", int), ("clip", float)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
+    train.add_argument("--init-head", metavar="DIR",
+                       help="start from this head's weights (a warm start; same pair and architecture)")
     _add_sandbox_option(train)
     _add_model_options(train)
     train.set_defaults(run=_train)

@@ -317,3 +317,21 @@ def test_bad_training_settings_are_refused():
                          (dict(clip=0), "clip"), (dict(minibatches=9), "minibatches")):
         with pytest.raises(ValueError, match=message):
             config(**bad)
+
+
+def test_a_warm_start_begins_from_the_given_head(pair, tmp_path, uninterrupted):
+    """--init-head: the first step samples with the given head's weights, not the fresh head's w = 0.5."""
+    trained, trained_out = uninterrupted
+    first_of_trained = log_rows(trained_out)[0]["mean_w"]
+    assert first_of_trained == pytest.approx(0.5, abs=1e-6)
+    run = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5, init_head=str(trained_out)), tmp_path,
+                     until_step=1, progress=False)
+    assert log_rows(tmp_path)[0]["mean_w"] < 0.45  # the draft lover's head already trusts the draft
+    assert run.config.training["init_head"] == str(trained_out)
+    resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5, init_head=str(trained_out)), tmp_path,
+                         resume=True, progress=False)  # from its own checkpoint, not the start head again
+    assert len(log_rows(tmp_path)) == 3 and resumed.config.training["steps"] == 3
+    with pytest.raises(FileNotFoundError, match="no head to start from"):
+        config(init_head=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="pass --architecture linear"):
+        config(init_head=str(trained_out), architecture="mlp")

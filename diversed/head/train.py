@@ -99,6 +99,7 @@ class TrainConfig:
     checkpoint_every: int = 5
     architecture: str = "linear"
     initial_weight: float = 0.5
+    init_head: str | None = None  # warm start: a head folder (same pair and architecture) the run begins from
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -127,6 +128,14 @@ class TrainConfig:
                              f"({self.prompts_per_step * self.samples_per_prompt})")
         if self.temperature <= 0:
             raise ValueError("training samples from the ensemble: temperature must be > 0")
+        if self.init_head is not None:
+            config_path = Path(self.init_head) / CONFIG_FILE
+            if not config_path.is_file():
+                raise FileNotFoundError(f"no head to start from in {self.init_head}: {CONFIG_FILE} is missing")
+            architecture = json.loads(config_path.read_text()).get("architecture")
+            if architecture != self.architecture:
+                raise ValueError(f"the head in {self.init_head} is {architecture!r}, this run trains "
+                                 f"{self.architecture!r}: pass --architecture {architecture}")
 
 
 def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path, *, resume: bool = False,
@@ -151,6 +160,11 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         initial_weight=config.initial_weight, draft_model=pair.draft_name, target_model=pair.target_name,
         training={**asdict(config), "task": task.name, "examples": len(examples)})
     head = EnsembleHead(head_config).to(pair.target.device)
+    if config.init_head is not None and not resume:  # a resumed run takes its weights from its checkpoint
+        start = EnsembleHead.load(config.init_head, draft_hidden=pair.draft.hidden_size,
+                                  target_hidden=pair.target.hidden_size, draft_model=pair.draft_name,
+                                  target_model=pair.target_name)
+        head.load_state_dict(start.state_dict())
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = -(-len(examples) // config.prompts_per_step)
     total_steps = steps_per_epoch * config.epochs
