@@ -7,9 +7,15 @@ import pytest
 import torch
 
 from diversed.decoding.sampling import Sampling
-from diversed.evaluation.head_weights import KINDS, token_kind, token_weights, weights_table, write_weights_report
+from diversed.evaluation.head_weights import (
+    KINDS,
+    score_completions,
+    token_kind,
+    token_weights,
+    weights_table,
+    write_weights_report,
+)
 from diversed.head.model import EnsembleHead, HeadConfig
-from diversed.head.train import score_completions
 from diversed.text import encode_prompt
 
 from tiny import toy_pair

@@ -9,10 +9,11 @@ from safetensors import safe_open
 
 import diversed.head.train as train
 from diversed.decoding.sampling import Sampling
+from diversed.evaluation.head_weights import score_completions
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.ppo import ppo_terms
 from diversed.head.rollouts import ROLLOUTS, Rollouts
-from diversed.head.train import LOG_FILE, TrainConfig, score_completions, train_head
+from diversed.head.train import LOG_FILE, TrainConfig, train_head
 from diversed.text import encode_prompt
 
 from tiny import ToyTask, share_of_draft_tokens, toy_pair

@@ -27,9 +27,9 @@ from torch import Tensor
 
 from diversed.decoding.sampling import Sampling
 from diversed.head.model import EnsembleHead
-from diversed.head.train import score_completions
 from diversed.models.loading import Pair
 from diversed.text import encode_prompt
+from diversed.verify import total_variation
 
 KINDS = ("digits", "operators", "words", "code names", "keywords", "whitespace", "punctuation", "other")
 TV_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)  # TV(q, p): the models agree / nearly / differ / disagree
@@ -55,6 +55,41 @@ def token_kind(text: str, code: bool) -> str:
     if re.fullmatch(r"[^\w\s]+", core):
         return "punctuation"
     return "other"
+
+
+@torch.no_grad()
+def score_completions(pair: Pair, prompts: list[list[int]], completions: list[list[int]],
+                      bonus: list[list[bool]], sampling: Sampling, rows_per_pass: int = 2
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Teacher-forced pass of both models over prompt + completion.
+
+    Returns, per sequence and generated position t ([B, T], padded): the draft's and target's last hidden
+    states that predict y_t (float32, [B, T, d]), p_t(y_t), q_t(y_t), TV(q_t, p_t), the mask of real
+    positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
+    the target's device. `rows_per_pass` sequences go through the models at a time: the full distributions
+    of a pass take rows x T x V floats (2 x 400 x 152k is 0.5 GB per model).
+    """
+    length = max(map(len, completions))
+    # Completions are padded at their end (with their own last token): causal attention keeps the real
+    # positions exact, and every row then has `length` positions to score.
+    padded = [c + [c[-1] if c else 0] * (length - len(c)) for c in completions]
+    fed = [p + c[:-1] for p, c in zip(prompts, padded, strict=True)]
+    mask = torch.tensor([[t < len(c) for t in range(length)] for c in completions], dtype=torch.bool)
+    scored = torch.tensor([[t < len(c) and not b[t] for t in range(length)] for c, b in zip(completions, bonus,
+                                                                                              strict=True)])
+    device = pair.target.device
+    parts = []
+    for start in range(0, len(fed), rows_per_pass):
+        chunk = slice(start, start + rows_per_pass)
+        (h_draft, q), (h_target, p) = [
+            (hidden.float().to(device), sampling.probs(logits).to(device))
+            for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
+                                   for model in (pair.draft, pair.target))]
+        targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
+        parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
+                      total_variation(q, p)))
+    h_draft, h_target, p_y, q_y, tv = (torch.cat(column) for column in zip(*parts, strict=True))
+    return h_draft, h_target, p_y, q_y, tv, mask.to(device), (scored & mask).to(device)
 
 
 @dataclass
