@@ -321,7 +321,8 @@ def test_bad_training_settings_are_refused():
 
 
 def test_a_warm_start_begins_from_the_given_head(pair, tmp_path, uninterrupted):
-    """--init-head: the first step samples with the given head's weights, not the fresh head's w = 0.5."""
+    """--init-head: the first step samples with the given head's weights, not the fresh head's w = 0.5; a
+    checkpoint folder gives its optimizer state too."""
     trained, trained_out = uninterrupted
     first_of_trained = log_rows(trained_out)[0]["mean_w"]
     assert first_of_trained == pytest.approx(0.5, abs=1e-6)
@@ -332,6 +333,14 @@ def test_a_warm_start_begins_from_the_given_head(pair, tmp_path, uninterrupted):
     resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5, init_head=str(trained_out)), tmp_path,
                          resume=True, progress=False)  # from its own checkpoint, not the start head again
     assert len(log_rows(tmp_path)) == 3 and resumed.config.training["steps"] == 3
+    # From a checkpoint folder the AdamW moments come too: its 12 updates (3 steps x 4) count on.
+    steps = {}
+    for name, start in (("head", trained_out), ("checkpoint", trained_out / "checkpoint")):
+        train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5, init_head=str(start)), tmp_path / ("from-" + name),
+                   until_step=1, progress=False)
+        state = json.loads((tmp_path / ("from-" + name) / "checkpoint" / "train_state.json").read_text())
+        steps[name] = state["optimizer_scalars"]["0.step"]
+    assert steps == {"head": 4, "checkpoint": 16}
     with pytest.raises(FileNotFoundError, match="no head to start from"):
         config(init_head=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="pass --architecture linear"):

@@ -97,7 +97,7 @@ class TrainConfig:
     checkpoint_every: int = 5
     architecture: str = "linear"
     initial_weight: float = 0.5
-    init_head: str | None = None  # warm start: a head folder (same pair and architecture) the run begins from
+    init_head: str | None = None  # warm start: a head or checkpoint folder (same pair, architecture) to begin from
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -158,12 +158,9 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         initial_weight=config.initial_weight, draft_model=pair.draft_name, target_model=pair.target_name,
         training={**asdict(config), "task": task.name, "examples": len(examples)})
     head = EnsembleHead(head_config).to(pair.target.device)
-    if config.init_head is not None and not resume:  # a resumed run takes its weights from its checkpoint
-        start = EnsembleHead.load(config.init_head, draft_hidden=pair.draft.hidden_size,
-                                  target_hidden=pair.target.hidden_size, draft_model=pair.draft_name,
-                                  target_model=pair.target_name)
-        head.load_state_dict(start.state_dict())
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if config.init_head is not None and not resume:  # a resumed run takes its weights from its checkpoint
+        _warm_start(Path(config.init_head), head, optimizer, pair)
     steps_per_epoch = -(-len(examples) // config.prompts_per_step)
     total_steps = steps_per_epoch * config.epochs
     step = _resume(out_dir, head, optimizer, config) if resume else _start(out_dir, head, optimizer, config)
@@ -349,6 +346,29 @@ def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer,
     folder = _checkpoint_folder(out_dir)  # check_run_folder made sure there is one, of this config
     state = json.loads((folder / STATE_FILE).read_text())
     head.load_state_dict(EnsembleHead.load(folder).state_dict())
+    _load_optimizer(folder, optimizer)
+    # Drop log lines written after the checkpoint, so the log matches the resumed run exactly.
+    log = out_dir / LOG_FILE
+    if log.exists():
+        lines = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= state["step"]]
+        log.write_text("".join(ln + "\n" for ln in lines))
+    return state["step"]
+
+
+def _warm_start(folder: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, pair: Pair) -> None:
+    """Start from the head in folder (refusing one of other models); from a checkpoint folder, from its
+    AdamW moments too: fresh moments would make the first updates full-size sign steps whatever the
+    gradient's scale, as if the head had never been trained."""
+    start = EnsembleHead.load(folder, draft_hidden=pair.draft.hidden_size, target_hidden=pair.target.hidden_size,
+                              draft_model=pair.draft_name, target_model=pair.target_name)
+    head.load_state_dict(start.state_dict())
+    if (folder / OPTIMIZER_FILE).is_file():
+        _load_optimizer(folder, optimizer)
+
+
+def _load_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> None:
+    """Load the AdamW moments and step counts of a checkpoint folder into optimizer (its settings stay)."""
+    state = json.loads((folder / STATE_FILE).read_text())
     per_param: dict[int, dict] = {}
     for key, value in load_file(folder / OPTIMIZER_FILE).items():
         i, name = key.split(".", 1)
@@ -359,9 +379,3 @@ def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer,
     saved = optimizer.state_dict()
     saved["state"] = per_param
     optimizer.load_state_dict(saved)
-    # Drop log lines written after the checkpoint, so the log matches the resumed run exactly.
-    log = out_dir / LOG_FILE
-    if log.exists():
-        lines = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= state["step"]]
-        log.write_text("".join(ln + "\n" for ln in lines))
-    return state["step"]
