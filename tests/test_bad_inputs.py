@@ -396,3 +396,9 @@ def test_serve_refuses_bad_heads_once_the_models_load(files, capsys, args, messa
 def test_report_refuses_a_folder_without_an_evaluation(files, capsys):
     code, err = run(["report", files["root"]], capsys)
     assert code == 2 and "no evaluation" in err and "Traceback" not in err
+
+
+def test_report_refuses_methods_for_a_training_run(tmp_path, capsys):
+    (tmp_path / "log.jsonl").write_text("")
+    code, err = run(["report", str(tmp_path), "--methods", "exact"], capsys)
+    assert code == 2 and "--methods is for evaluations" in err and "Traceback" not in err

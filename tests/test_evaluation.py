@@ -90,6 +90,22 @@ def test_report_of_a_run_in_progress_compares_the_examples_every_method_finished
         run.report(tmp_path / "nothing", "share")
 
 
+def test_report_of_some_methods_compares_the_examples_those_finished(complete, tmp_path):
+    """A method stopped early holds the full report to its examples; leaving it out gives the others theirs."""
+    out, summaries = complete
+    shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
+    everything = rows(out)
+    early = {r["example"] for r in everything if r["method"] == METHODS[-1]}
+    early = sorted(early)[:2]
+    kept = [r for r in everything if r["method"] != METHODS[-1] or r["example"] in early]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    assert all(s["examples"] == 2 for s in run.report(tmp_path, "share"))
+    others = run.report(tmp_path, "share", ",".join(METHODS[:-1]))
+    assert others == summaries[:-1]
+    with pytest.raises(ValueError, match="no results for static:0.3"):
+        run.report(tmp_path, "share", ["exact", "static:0.3"])
+
+
 def test_plots_are_written(complete):
     out, _ = complete
     for name in ("quality_vs_acceptance", "quality_vs_speedup", "throughput_vs_acceptance"):

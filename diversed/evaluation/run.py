@@ -149,16 +149,25 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     return summaries
 
 
-def report(out_dir: str | Path, metric: str) -> list[dict]:
+def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = None) -> list[dict]:
     """Summaries and plots of an evaluation so far (while it runs, or after it was stopped): only the examples
     that every method has finished, so that all methods are compared on the same examples. Reads the result
-    files and writes summary.{md,csv,json} and the plots; the run itself is left as it is."""
+    files and writes summary.{md,csv,json} and the plots; the run itself is left as it is.
+
+    methods: report these only (say, to leave out one that was stopped early and would hold the others to
+    its examples); by default every method with results."""
     out_dir = Path(out_dir)
     if not (out_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
     config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
     rows = [r for path in _result_files(out_dir) for r in load_done_rows(path)]
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    present = list(dict.fromkeys(r["method"] for r in rows))
+    if methods is not None:
+        methods = parse_methods(methods)
+        if missing := [m for m in methods if m not in present]:
+            raise ValueError(f"no results for {', '.join(missing)} in {out_dir}; it has {', '.join(present)}")
+        rows = [r for r in rows if r["method"] in methods]
+    methods = methods or present
     finished = {m: {r["example"] for r in rows if r["method"] == m} for m in methods}
     complete = set.intersection(*finished.values()) if finished else set()
     if not complete:
