@@ -100,7 +100,7 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
     (head / "training.png").unlink()
     code, out, _ = run(["report", str(head)], capsys)  # a training run's table so far, and its curves
     assert code == 0 and out.splitlines()[0].startswith("| step | reward |") and len(out.splitlines()) == 4
-    assert "| 2 | " in out and (head / "training.png").is_file()
+    assert "| 2 | " in out and "| w by TV |" in out and (head / "training.png").is_file()
     code, out, _ = run(["generate", "--json", "--method", "diversed", "--head", str(head), "--no-chat",
                         "--max-new-tokens", "4", *pair_args, "t3"], capsys)
     assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"

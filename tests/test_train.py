@@ -2,6 +2,7 @@
 update, which way the terms move w, and resuming after a kill."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -87,11 +88,17 @@ def test_a_minibatch_keeps_its_sequences_tokens_renumbered():
     torch.testing.assert_close(part.per_sequence_mean(part.tv), ((tv * scored).sum(-1) / scored.sum(-1)).mean())
 
 
-def test_the_summary_reads_w_over_scored_tokens_and_at_each_completions_first_token():
+def test_the_summary_reads_w_over_scored_tokens_at_each_completions_first_token_and_by_disagreement():
     rollouts = synthetic()
     summary = rollouts.summary()
     assert summary["first_w"] == pytest.approx(rollouts.old_w[[0, 5, 10, 15]].mean().item())
     assert summary["mean_w"] == pytest.approx(rollouts.old_w[~rollouts.bonus].mean().item())
+    scored = [i for i in range(20) if i % 7 != 6]
+    w, tv = rollouts.old_w.tolist(), rollouts.tv.tolist()
+    assert summary["disagreement_w"] == pytest.approx(sum(w[i] * tv[i] for i in scored) / sum(tv[i] for i in scored))
+    # Where the models disagree on one token only, the w there is the TV-weighted mean.
+    one = replace(rollouts, tv=torch.zeros(20).index_fill_(0, torch.tensor([3]), 0.9))
+    assert one.summary()["disagreement_w"] == pytest.approx(rollouts.old_w[3].item())
 
 
 @pytest.mark.parametrize("above", [True, False])
@@ -199,9 +206,9 @@ def uninterrupted(pair, tmp_path_factory):
 def test_the_log_reports_both_terms_and_the_update(uninterrupted):
     _, out = uninterrupted
     for row in log_rows(out):
-        for key in ("reward", "acceptance", "acceptance_rate", "mean_w", "w_std", "first_w", "mean_tv", "pg_loss",
-                    "acceptance_term", "loss", "pg_grad_norm", "acceptance_grad_norm", "grad_norm", "clip_fraction",
-                    "approx_kl", "updates"):
+        for key in ("reward", "acceptance", "acceptance_rate", "mean_w", "w_std", "first_w", "disagreement_w",
+                    "mean_tv", "pg_loss", "acceptance_term", "loss", "pg_grad_norm", "acceptance_grad_norm",
+                    "grad_norm", "clip_fraction", "approx_kl", "updates"):
             assert key in row, key
         assert row["loss"] == pytest.approx(row["pg_loss"] + row["acceptance_term"])
         assert row["acceptance_grad_norm"] > 0 and row["updates"] == 4 and row["approx_kl"] >= 0

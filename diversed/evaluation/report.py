@@ -244,6 +244,9 @@ def plot_training(log: Path, out: Path) -> Path:
     first = [(s["step"], s["first_w"]) for s in steps if "first_w" in s]  # logged since the first GSM8K run
     if first:
         axes[2].plot(*zip(*first, strict=True), "^:", color="tab:purple", label="mean w at the first token")
+    disagreement = [(s["step"], s["disagreement_w"]) for s in steps if "disagreement_w" in s]
+    if disagreement:
+        axes[2].plot(*zip(*disagreement, strict=True), "v:", color="tab:brown", label="w weighted by TV(q, p)")
     axes[2].legend(fontsize=8)
     axes[2].set_ylim(0, 1)
     axes[2].set_title("mean w (weight on the target)")
@@ -259,17 +262,18 @@ def plot_training(log: Path, out: Path) -> Path:
 
 def training_table(log: Path) -> str:
     """The steps of a head's training run (its log.jsonl) as a Markdown table: the samples' mean reward and
-    acceptance rate, the sampling head's mean w, its spread over tokens and its mean at the first token (where
-    logged), the gradient norms of the two loss terms at the sampling head, the approximate KL after the
-    update, and the seconds (of which rescoring)."""
-    lines = ["| step | reward | acceptance rate | mean w | w spread | w at token 1 | reward-term grad norm "
+    acceptance rate, the sampling head's mean w, its spread over tokens, its mean at the first token and its
+    TV-weighted mean (where logged), the gradient norms of the two loss terms at the sampling head, the
+    approximate KL after the update, and the seconds (of which rescoring)."""
+    lines = ["| step | reward | acceptance rate | mean w | w spread | w at token 1 | w by TV | reward-term grad norm "
              "| acceptance-term grad norm | KL after update | seconds (rescoring) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in _training_steps(log):
         scoring = f" ({s['scoring_seconds']:.0f})" if "scoring_seconds" in s else ""
-        first = f"{s['first_w']:.3f}" if "first_w" in s else "-"
+        first, by_tv = (f"{s[key]:.3f}" if key in s else "-" for key in ("first_w", "disagreement_w"))
         lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['acceptance_rate']:.3f} | {s['mean_w']:.3f} | "
-                     f"{s.get('w_std', float('nan')):.3f} | {first} | {s.get('pg_grad_norm', float('nan')):.2f} | "
+                     f"{s.get('w_std', float('nan')):.3f} | {first} | {by_tv} | "
+                     f"{s.get('pg_grad_norm', float('nan')):.2f} | "
                      f"{s.get('acceptance_grad_norm', float('nan')):.3f} | {s.get('approx_kl', float('nan')):.1e} | "
                      f"{s['seconds']:.0f}{scoring} |")
     return "\n".join(lines)

@@ -72,16 +72,18 @@ class Rollouts:
     def summary(self) -> dict:
         """What the log reports about the rollouts: mean reward, the acceptance proxy A with the sampling
         head, the measured acceptance rate, mean w and its spread over the scored tokens (a head that tells
-        tokens apart from a static weight in disguise), mean w at the completions' first tokens, the mean TV,
-        the tokens and the seconds they took (of which the teacher-forced rescoring, in runs from before
-        rollouts were traced)."""
-        w = self.old_w[~self.bonus]
+        tokens apart from a static weight in disguise), mean w at the completions' first tokens, the mean w
+        weighted by TV (the w where the models disagree, which alone sets how many drafts are rejected: most
+        tokens have TV near 0, where w changes nothing), the mean TV, the tokens and the seconds they took (of
+        which the teacher-forced rescoring, in runs from before rollouts were traced)."""
+        w, tv = self.old_w[~self.bonus], self.tv[~self.bonus]
         first = torch.ones_like(self.sequence, dtype=torch.bool)
         first[1:] = self.sequence[1:] != self.sequence[:-1]
         return {"reward": self.reward.mean().item(),
                 "acceptance": self.per_sequence_mean(1 - self.old_w * self.tv).item(),
                 "acceptance_rate": self.info["acceptance_rate"], "mean_w": w.mean().item(),
                 "w_std": w.std().item() if len(w) > 1 else 0.0, "first_w": self.old_w[first].mean().item(),
+                "disagreement_w": ((w * tv).sum() / tv.sum()).item() if tv.sum() > 0 else float("nan"),
                 "mean_tv": self.mean_tv,
                 "new_tokens": self.info["new_tokens"], "rollout_seconds": self.info["seconds"],
                 **({"scoring_seconds": self.info["scoring_seconds"]} if "scoring_seconds" in self.info else {})}
