@@ -11,7 +11,8 @@ the others' round goes on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -23,6 +24,7 @@ from diversed.verify import Verification, verify
 
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
 WeightFn = Callable[[Tensor, Tensor], Tensor]
+Output = TypeVar("Output", Tensor, Verification)
 
 
 @dataclass(eq=False)
@@ -70,17 +72,19 @@ class Groups:
 
     def probs(self, logits: Tensor) -> Tensor:
         """Each row's logits [B, ..., V] to its policy's sampling distributions."""
-        return self._apply(logits, lambda policy, part: policy.sampling.probs(part))
+        return self._per_group(lambda policy, rows: policy.sampling.probs(logits[rows]),
+                               lambda: torch.zeros(logits.shape, device=logits.device))
 
     def sample(self, probs: Tensor) -> Tensor:
         """One token per row of probs [B, V] -> [B], each from its own policy's random stream."""
-        return self._apply(probs, lambda policy, part: policy.sampling.sample(part, policy.generator))
+        return self._per_group(lambda policy, rows: policy.sampling.sample(probs[rows], policy.generator),
+                               lambda: probs.new_zeros(self.size, dtype=torch.long))
 
     def verify(self, drafts: Tensor, q: Tensor, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
                h_target: Tensor | None, clock: PhaseClock) -> Verification:
         """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] and
         p [B, N + 1, V]; a row that kept all of its own drafts gets its bonus token from p after them."""
-        def one(policy: Policy, rows: slice | Tensor) -> Verification:
+        def one(policy: Policy, rows: slice | list[int]) -> Verification:
             params = policy.method.verify_params()
             if policy.method.rule == "dynamic":
                 with clock.phase("head"):
@@ -94,27 +98,25 @@ class Groups:
 
         n = drafts.shape[1]
         lengths = lengths.to(p.device)
-        if len(self.groups) == 1:
-            return one(self.groups[0][0], slice(None))
-        num_accepted, next_token = drafts.new_zeros(self.size), drafts.new_zeros(self.size)
-        accepted = torch.zeros(drafts.shape, dtype=torch.bool, device=p.device)
-        accept_prob = torch.zeros(drafts.shape, device=p.device)
-        for policy, rows in self.groups:
-            index = torch.as_tensor(rows, device=p.device)
-            out = self._guarded(rows, one, policy, index)
-            if out is not None:
-                num_accepted[index], next_token[index], accepted[index], accept_prob[index] = \
-                    out.num_accepted, out.next_token, out.accepted, out.accept_prob
-        return Verification(num_accepted, next_token, accepted, accept_prob)
+        return self._per_group(one, lambda: Verification(
+            drafts.new_zeros(self.size), drafts.new_zeros(self.size),
+            torch.zeros(drafts.shape, dtype=torch.bool, device=p.device), torch.zeros(drafts.shape, device=p.device)))
 
-    def _apply(self, x: Tensor, fn: Callable[[Policy, Tensor], Tensor]) -> Tensor:
+    def _per_group(self, compute: Callable[[Policy, slice | list[int]], Output],
+                   zeros: Callable[[], Output]) -> Output:
+        """compute(policy, rows) for each group, written into the rows of zeros() (a tensor, or a Verification
+        field by field); the rows of a group that raised (`failed`) stay zero. One group: compute's own result."""
         if len(self.groups) == 1:
-            return fn(self.groups[0][0], x)
-        parts = [(rows, self._guarded(rows, fn, policy, x[rows])) for policy, rows in self.groups]
-        done = [part for _, part in parts if part is not None]
-        out = x.new_zeros(x.shape) if not done else done[0].new_zeros((self.size, *done[0].shape[1:]))
-        for rows, part in parts:
-            if part is not None:
+            return compute(self.groups[0][0], slice(None))
+        out = zeros()
+        for policy, rows in self.groups:
+            part = self._guarded(rows, compute, policy, rows)
+            if part is None:
+                continue
+            if isinstance(out, Verification):
+                for field in fields(Verification):
+                    getattr(out, field.name)[rows] = getattr(part, field.name)
+            else:
                 out[rows] = part
         return out
 
