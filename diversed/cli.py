@@ -13,7 +13,7 @@ from diversed.backends import BACKENDS
 from diversed.decoding.method import METHODS
 from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
-from diversed.head.model import ARCHITECTURES
+from diversed.head.model import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
 from diversed.head.train import TrainConfig
 from diversed.models.loading import DTYPES, QUANTIZATIONS
 
@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--method", default="exact",
                      help=f"auto (the target alone) or a rule, with its parameter as NAME:VALUE, e.g. static:0.7; "
                           f"one of {', '.join(METHODS)}")
-    gen.add_argument("--head", help="folder of a trained head, for --method diversed (default: the head that "
-                                    "ships for the built-in pair)")
+    gen.add_argument("--head", help="a trained head for --method diversed: its folder, or the name of a head "
+                                    f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
+                                    f"{DEFAULT_HEAD})")
     gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
     _add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
     train.add_argument("--init-head", metavar="DIR",
-                       help="start from this head's weights (a warm start; same pair and architecture)")
+                       help="start from this head's weights (a warm start; same pair and architecture): a head or "
+                            "checkpoint folder, or a shipped head's name")
     _add_sandbox_option(train)
     _add_model_options(train)
     train.set_defaults(run=_train)
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="the rule of requests that name none (a request's 'verification' field overrides it)")
     srv.add_argument("--head", action="append", default=[], metavar="NAME=DIR",
                      help="load a trained head under a name that requests pick with 'head' (repeatable; the "
-                          "built-in pair's own head is loaded as 'default')")
+                          f"heads shipped for the built-in pair are loaded as {', '.join(PRETRAINED_HEADS)} and "
+                          f"'default' ({DEFAULT_HEAD}))")
     srv.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
     srv.add_argument("--max-waiting", type=int, default=64,
                      help="requests queued beyond the batch; more are refused with 503 (default 64)")
@@ -234,9 +237,7 @@ def _serve(args: argparse.Namespace) -> int:
         name, _, folder = spec.partition("=")
         if not name or not folder:
             raise ValueError(f"--head takes NAME=DIR, got {spec!r}")
-        if not Path(folder).is_dir():
-            raise FileNotFoundError(f"--head {name}: no folder {folder}")
-        heads[name] = folder
+        heads[name] = str(head_folder(folder))
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     backend = _check_load_options(args)

@@ -11,7 +11,7 @@ from diversed.decoding.method import Method
 from diversed.decoding.policy import WeightFn
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
-from diversed.head.model import PRETRAINED_HEAD, EnsembleHead
+from diversed.head.model import EnsembleHead, head_folder
 from diversed.models.loading import Pair
 from diversed.text import StreamedText, cut_at_stop, encode_prompt, stop_checker
 
@@ -52,7 +52,8 @@ def generate(
     on_text: Callable[[int, str], None] | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt with the pair and a method ("auto", "exact", "static:0.7",
-    "diversed:HEAD_DIR", ...). weight_fn overrides the head of a "diversed" method (or drives "dynamic").
+    "diversed:HEAD" with a head's folder or a shipped head's name, ...). weight_fn overrides the head of a
+    "diversed" method (or drives "dynamic").
 
     draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
@@ -128,6 +129,8 @@ def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact
         if not isinstance(method, str):
             raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
         method = Method.parse(method)
+    if method.name == "diversed":
+        head_folder(method.head)
     for name, value in (("temperature", temperature), ("top_p", top_p)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {_show(value)}")
@@ -163,9 +166,9 @@ def _show(value) -> str:
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
-def load_head(pair: Pair, directory: str | None = None) -> EnsembleHead:
-    """A trained head for this pair, refused if it was trained for other models. None: the head that ships
-    for the default pair (PRETRAINED_HEAD)."""
-    return EnsembleHead.load(PRETRAINED_HEAD if directory is None else directory,
+def load_head(pair: Pair, head: str | None = None) -> EnsembleHead:
+    """A trained head for this pair (a folder, or the name of a head shipped for the default pair; None: the
+    default one), refused if it was trained for other models."""
+    return EnsembleHead.load(head_folder(head),
                              draft_hidden=pair.draft.hidden_size, target_hidden=pair.target.hidden_size,
                              draft_model=pair.draft_name, target_model=pair.target_name).to(pair.target.device)

@@ -366,7 +366,7 @@ def test_inputs_that_are_fine_give_the_right_result():
 
 SERVE = [
     (["--head", "flat"], "NAME=DIR"),
-    (["--head", "flat={missing}"], "no folder"),
+    (["--head", "flat={missing}"], "no head checkpoint"),
     (["--port", "0"], "--port"),
     (["--port", "70000"], "--port"),
     (["--method", "dynamic"], "weight function"),

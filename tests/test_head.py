@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.model import DEFAULT_HEAD, PRETRAINED, PRETRAINED_HEADS, EnsembleHead, HeadConfig, head_folder
+from diversed.models.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 def test_head_starts_at_its_initial_weight_for_any_input():
@@ -37,3 +38,22 @@ def test_save_and_load_round_trip_and_refusals(tmp_path):
         EnsembleHead.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="head.json"):
         EnsembleHead.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("name", PRETRAINED_HEADS)
+def test_shipped_heads_load_by_name_for_the_default_pair_with_their_account(name):
+    head = EnsembleHead.load(name, draft_model=DEFAULT_DRAFT.name, target_model=DEFAULT_TARGET.name)
+    assert head.config.training["task"] == name
+    assert (head_folder(name) / "README.md").is_file()  # how it was trained and what it scored
+
+
+def test_head_folder_resolves_names_folders_and_the_default_and_names_what_is_missing(tmp_path):
+    assert head_folder(None) == PRETRAINED / DEFAULT_HEAD and head_folder("gsm8k") == PRETRAINED / "gsm8k"
+    EnsembleHead(HeadConfig(4, 4)).save(tmp_path / "mine")
+    assert head_folder(tmp_path / "mine") == tmp_path / "mine" and head_folder(str(tmp_path / "mine"))
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "head.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="head.safetensors is missing.*gsm8k"):
+        head_folder(tmp_path / "half")
+    with pytest.raises(FileNotFoundError, match="no head checkpoint in gsm9k"):
+        head_folder("gsm9k")

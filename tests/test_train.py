@@ -348,7 +348,7 @@ def test_a_warm_start_begins_from_the_given_head(pair, tmp_path, uninterrupted):
         state = json.loads((tmp_path / ("from-" + name) / "checkpoint" / "train_state.json").read_text())
         steps[name] = state["optimizer_scalars"]["0.step"]
     assert steps == {"head": 4, "checkpoint": 16}
-    with pytest.raises(FileNotFoundError, match="no head to start from"):
+    with pytest.raises(FileNotFoundError, match="no head checkpoint"):
         config(init_head=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="pass --architecture linear"):
         config(init_head=str(trained_out), architecture="mlp")

@@ -17,8 +17,8 @@ class Method:
     """Which decoding to run: "auto" (the target alone) or a verification rule with its parameters.
 
     "dynamic" takes its weights from a weight function given to the decoder; "diversed" is "dynamic" with
-    the trained head saved in the folder `head` (diversed.head), or without one the head that ships for
-    the default pair (diversed.head.model.PRETRAINED_HEAD)."""
+    the trained head `head`: a folder (diversed.head) or the name of a head shipped for the default pair,
+    without one the default head (diversed.head.model.head_folder)."""
 
     name: str = "exact"
     weight: float | None = None

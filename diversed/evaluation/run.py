@@ -24,6 +24,7 @@ from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
 from diversed.generation import generate, load_head
+from diversed.head.model import head_folder
 from diversed.models.loading import Pair
 from diversed.text import cut_at_stop, encode_prompt
 
@@ -84,9 +85,11 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
                 weight = -1.0
             if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
                 raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
-        elif Method.parse(label).name == "dynamic":
+        elif (method := Method.parse(label)).name == "dynamic":
             raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as "
                              "diversed:DIR")
+        elif method.name == "diversed":
+            head_folder(method.head)  # a missing head is found before the models load
     if len(set(labels)) != len(labels):
         raise ValueError(f"a method is listed twice in {labels}")
     return labels

@@ -20,9 +20,24 @@ from torch import Tensor, nn
 
 ARCHITECTURES = ("linear", "mlp")
 WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
-# The head trained for the default pair on HumanEval's training split, shipped with the package
-# (benchmarks/RESULTS.md has how it was trained and what it does).
-PRETRAINED_HEAD = Path(__file__).parent / "pretrained" / "humaneval"
+# Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
+# was trained and what it scored on held-out problems. The default is the one used when none is named.
+PRETRAINED = Path(__file__).parent / "pretrained"
+PRETRAINED_HEADS = ("humaneval", "gsm8k")
+DEFAULT_HEAD = "humaneval"
+
+
+def head_folder(head: str | Path | None = None) -> Path:
+    """Where a head is: the name of a shipped head (PRETRAINED_HEADS, which win over a folder of that name:
+    write ./gsm8k for the folder), a folder, or None for the default head. Only looks at the files, so it is
+    cheap enough to run before any model loads; FileNotFoundError if the folder holds no head."""
+    folder = PRETRAINED / str(head or DEFAULT_HEAD) if head is None or str(head) in PRETRAINED_HEADS else Path(head)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"no head checkpoint in {folder}: {name} is missing (a head is a folder with "
+                                    f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a shipped head: "
+                                    f"{', '.join(PRETRAINED_HEADS)})")
+    return folder
 
 
 @dataclass
@@ -88,12 +103,10 @@ class EnsembleHead(nn.Module):
     @classmethod
     def load(cls, directory: str | Path, *, draft_hidden: int | None = None, target_hidden: int | None = None,
              draft_model: str | None = None, target_model: str | None = None) -> EnsembleHead:
-        """Load a saved head, refusing one trained for other hidden sizes or other models."""
-        directory = Path(directory)
+        """Load a saved head (a folder or a shipped head's name: head_folder), refusing one trained for other
+        hidden sizes or other models."""
+        directory = head_folder(directory)
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
-        for path in (config_path, weights_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"no head checkpoint in {directory}: {path.name} is missing")
         try:
             config = HeadConfig(**json.loads(config_path.read_text()))
         except (json.JSONDecodeError, TypeError) as err:

@@ -42,7 +42,7 @@ from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig
+from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig, head_folder
 from diversed.head.ppo import ppo_terms, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, leave_one_out
 from diversed.models.loading import Pair
@@ -127,10 +127,7 @@ class TrainConfig:
         if self.temperature <= 0:
             raise ValueError("training samples from the ensemble: temperature must be > 0")
         if self.init_head is not None:
-            config_path = Path(self.init_head) / CONFIG_FILE
-            if not config_path.is_file():
-                raise FileNotFoundError(f"no head to start from in {self.init_head}: {CONFIG_FILE} is missing")
-            architecture = json.loads(config_path.read_text()).get("architecture")
+            architecture = json.loads((head_folder(self.init_head) / CONFIG_FILE).read_text()).get("architecture")
             if architecture != self.architecture:
                 raise ValueError(f"the head in {self.init_head} is {architecture!r}, this run trains "
                                  f"{self.architecture!r}: pass --architecture {architecture}")
@@ -160,7 +157,7 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     head = EnsembleHead(head_config).to(pair.target.device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     if config.init_head is not None and not resume:  # a resumed run takes its weights from its checkpoint
-        _warm_start(Path(config.init_head), head, optimizer, pair)
+        _warm_start(head_folder(config.init_head), head, optimizer, pair)
     steps_per_epoch = -(-len(examples) // config.prompts_per_step)
     total_steps = steps_per_epoch * config.epochs
     step = _resume(out_dir, head, optimizer, config) if resume else _start(out_dir, head, optimizer, config)

@@ -26,7 +26,7 @@ from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.generation import load_head
-from diversed.head.model import EnsembleHead
+from diversed.head.model import PRETRAINED_HEADS, EnsembleHead
 from diversed.models.loading import Pair
 from diversed.server.metrics import Metrics
 from diversed.server.protocol import FINISH_REASONS, BadRequest, Call, Reply, error_body, parse_call, usage
@@ -36,8 +36,9 @@ from diversed.text import StreamedText, encode_messages, stop_checker
 
 @dataclass
 class ServerConfig:
-    """What a server runs. method: the rule of requests that name none; heads: name -> head folder ("default",
-    the head that ships for the built-in pair, is added when it fits the pair); max_batch: requests decoded
+    """What a server runs. method: the rule of requests that name none; heads: name -> head folder (the heads
+    shipped for the built-in pair are added under their names, and the default one as "default", when they
+    fit the pair); max_batch: requests decoded
     together; max_waiting: requests queued beyond them (more get 503); max_tokens: a chat request's limit
     when it sets none; draft_length: the batch's drafting (None: the backend's default)."""
 
@@ -65,11 +66,12 @@ class Server:
         self.model_name = config.model_name or pair.target_name
         self.default_method = Method.parse(config.method)
         self.heads: dict[str, EnsembleHead] = {name: load_head(pair, folder) for name, folder in config.heads.items()}
-        if "default" not in self.heads:
-            try:
-                self.heads["default"] = load_head(pair)
-            except ValueError:  # the shipped head fits the built-in pair only
-                pass
+        for name in ("default", *PRETRAINED_HEADS):
+            if name not in self.heads:
+                try:
+                    self.heads[name] = load_head(pair, None if name == "default" else name)
+                except ValueError:  # the shipped heads fit the built-in pair only
+                    pass
         if self.default_method.name == "diversed" and self.default_method.head not in (None, *self.heads):
             raise ValueError(f"--method {config.method}: no head named {self.default_method.head!r} is loaded")
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
