@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("minibatches", int), ("clip", float)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
+    train.add_argument("--informative-only", action="store_true",
+                       help="update only on the prompts whose samples' rewards differ (a step without any is "
+                            "skipped), so the acceptance term never pulls where the reward cannot object")
     train.add_argument("--init-head", metavar="DIR",
                        help="start from this head's weights (a warm start; same pair and architecture): a head or "
                             "checkpoint folder, or a shipped head's name")

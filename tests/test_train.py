@@ -13,7 +13,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.evaluation.head_weights import score_completions
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.ppo import ppo_terms
-from diversed.head.rollouts import ROLLOUTS, Rollouts
+from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows
 from diversed.head.train import LOG_FILE, TrainConfig, train_head
 from diversed.text import encode_prompt
 
@@ -186,6 +186,29 @@ def test_acceptance_reward_alone_moves_w_down(pair, tmp_path):
     assert rows[0]["w_std"] == pytest.approx(0.0, abs=1e-6) and max(r["w_std"] for r in rows) > 0.01
 
 
+def test_informative_rows_are_the_completions_of_prompts_whose_samples_rewards_differ():
+    rewards = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0.5, 0.5, 0.5, 0.25])
+    assert informative_rows(rewards, 4).tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert informative_rows(torch.ones(6), 3).tolist() == []
+
+
+def test_informative_only_leaves_the_head_alone_where_the_reward_cannot_object(pair, tmp_path):
+    """A constant reward: every step is without reward signal, so with informative_only no update happens at
+    all, where without it the acceptance term alone moves w down (test above)."""
+    train_head(pair, ToyTask(lambda text: 1.0), config(lam=1.0, epochs=2, lr=0.01, informative_only=True), tmp_path,
+               progress=False)
+    rows = log_rows(tmp_path)
+    assert all(r["trained_on"] == 0 and r["updates"] == 0 for r in rows)
+    assert all(r["mean_w"] == pytest.approx(0.5, abs=1e-6) for r in rows)
+
+
+def test_informative_only_updates_on_the_prompts_with_a_reward_difference(pair, tmp_path):
+    train_head(pair, DRAFT_LOVER, config(informative_only=True, epochs=1), tmp_path, progress=False)
+    rows = log_rows(tmp_path)
+    assert all(r["trained_on"] in (0, 4, 8) for r in rows) and any(r["trained_on"] > 0 for r in rows)
+    assert all((r["updates"] > 0) == (r["trained_on"] > 0) for r in rows)
+
+
 @pytest.mark.parametrize("prefer_draft", [True, False])
 def test_the_reward_moves_w_towards_the_rewarded_model(pair, tmp_path, prefer_draft):
     """A reward for draft-favoured tokens must lower w (trust the draft); one for target-favoured tokens must
@@ -299,6 +322,18 @@ def test_fresh_run_refuses_to_overwrite_and_resume_refuses_other_config(pair, tm
     with pytest.raises(ValueError, match="changed: clip, lr"):
         train_head(pair, small, config(epochs=1, prompts_per_step=1, lr=0.1, clip=0.3), tmp_path, resume=True,
                    progress=False)
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(pair, tmp_path):
+    small = ToyTask(share_of_draft_tokens, size=2)
+    train_head(pair, small, config(epochs=1, prompts_per_step=1), tmp_path, until_step=1, progress=False)
+    state_file = next(tmp_path.rglob("train_state.json"))
+    state = json.loads(state_file.read_text())
+    del state["config"]["informative_only"]
+    state_file.write_text(json.dumps(state))
+    train.check_run_folder(tmp_path, config(epochs=1, prompts_per_step=1), resume=True)
+    with pytest.raises(ValueError, match="changed: informative_only"):
+        train.check_run_folder(tmp_path, config(epochs=1, prompts_per_step=1, informative_only=True), resume=True)
 
 
 def test_scoring_matches_the_models(pair):

@@ -263,16 +263,17 @@ def plot_training(log: Path, out: Path) -> Path:
 def training_table(log: Path) -> str:
     """The steps of a head's training run (its log.jsonl) as a Markdown table: the samples' mean reward and
     acceptance rate, the sampling head's mean w, its spread over tokens, its mean at the first token and its
-    TV-weighted mean (where logged), the gradient norms of the two loss terms at the sampling head, the
-    approximate KL after the update, and the seconds (of which rescoring)."""
-    lines = ["| step | reward | acceptance rate | mean w | w spread | w at token 1 | w by TV | reward-term grad norm "
-             "| acceptance-term grad norm | KL after update | seconds (rescoring) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    TV-weighted mean (where logged), the completions the update used (where logged; fewer than sampled with
+    informative_only), the gradient norms of the two loss terms at the sampling head, the approximate KL after
+    the update, and the seconds (of which rescoring)."""
+    lines = ["| step | reward | acceptance rate | mean w | w spread | w at token 1 | w by TV | updated on "
+             "| reward-term grad norm | acceptance-term grad norm | KL after update | seconds (rescoring) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in _training_steps(log):
         scoring = f" ({s['scoring_seconds']:.0f})" if "scoring_seconds" in s else ""
         first, by_tv = (f"{s[key]:.3f}" if key in s else "-" for key in ("first_w", "disagreement_w"))
         lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['acceptance_rate']:.3f} | {s['mean_w']:.3f} | "
-                     f"{s.get('w_std', float('nan')):.3f} | {first} | {by_tv} | "
+                     f"{s.get('w_std', float('nan')):.3f} | {first} | {by_tv} | {s.get('trained_on', '-')} | "
                      f"{s.get('pg_grad_norm', float('nan')):.2f} | "
                      f"{s.get('acceptance_grad_norm', float('nan')):.3f} | {s.get('approx_kl', float('nan')):.1e} | "
                      f"{s['seconds']:.0f}{scoring} |")

@@ -120,5 +120,13 @@ def leave_one_out(rewards: Tensor, samples_per_prompt: int) -> Tensor:
     return (grouped - others).view(-1)
 
 
+def informative_rows(rewards: Tensor, samples_per_prompt: int) -> Tensor:
+    """The completions of the prompts whose samples' rewards differ: the only ones the reward term learns
+    from (where all samples of a prompt got the same reward, every advantage is 0)."""
+    grouped = rewards.view(-1, samples_per_prompt)
+    differ = (grouped != grouped[:, :1]).any(-1)
+    return differ.repeat_interleave(samples_per_prompt).nonzero().flatten()
+
+
 def _stem(step: int) -> str:
     return f"step-{step:06d}"

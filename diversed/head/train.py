@@ -29,7 +29,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -44,7 +44,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig, head_folder
 from diversed.head.ppo import ppo_terms, term_gradient_norms
-from diversed.head.rollouts import ROLLOUTS, Rollouts, leave_one_out
+from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 
@@ -98,6 +98,9 @@ class TrainConfig:
     architecture: str = "linear"
     initial_weight: float = 0.5
     init_head: str | None = None  # warm start: a head or checkpoint folder (same pair, architecture) to begin from
+    # Update only on the prompts whose samples' rewards differ (both terms; a step without any is skipped):
+    # elsewhere the reward term is 0 and the acceptance term alone would pull w down unopposed.
+    informative_only: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -247,11 +250,18 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
 
 def _update(head: EnsembleHead, optimizer: torch.optim.Optimizer, rollouts: Rollouts, config: TrainConfig,
             seed: int) -> dict:
-    """ppo_epochs passes over the rollouts, each in `minibatches` random minibatches of completions, one AdamW
-    update each. Returns what the log reports: the terms' gradient norms at the sampling head, the losses,
+    """ppo_epochs passes over the rollouts (with informative_only, over those of prompts whose samples' rewards
+    differ), each in `minibatches` random minibatches of completions, one AdamW update each. Returns what the
+    log reports: the completions updated on, the terms' gradient norms at the sampling head, the losses,
     gradient norm and clip fraction averaged over the updates, and the approximate KL after them."""
-    record = term_gradient_norms(head, rollouts, config.lam, config.clip)
+    if config.informative_only:
+        rollouts = rollouts.select(informative_rows(rollouts.reward, config.samples_per_prompt))
     sequences = len(rollouts.reward)
+    if sequences == 0:  # nothing the reward can object to: no update at all
+        return {"trained_on": 0, "pg_grad_norm": 0.0, "acceptance_grad_norm": 0.0, "pg_loss": 0.0,
+                "acceptance_term": 0.0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0,
+                "updates": 0}
+    record = {"trained_on": sequences, **term_gradient_norms(head, rollouts, config.lam, config.clip)}
     size = -(-sequences // config.minibatches)
     generator = torch.Generator().manual_seed(seed)
     totals = dict.fromkeys(("pg_loss", "acceptance_term", "loss", "grad_norm", "clip_fraction"), 0.0)
@@ -293,7 +303,8 @@ def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> 
     folder = _checkpoint_folder(out_dir)
     if folder is None:
         raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
-    saved = json.loads((folder / STATE_FILE).read_text())["config"]
+    # A run saved before a setting existed ran with its default.
+    saved = {f.name: f.default for f in fields(TrainConfig)} | json.loads((folder / STATE_FILE).read_text())["config"]
     if saved != asdict(config):
         changed = sorted(k for k in saved.keys() | asdict(config).keys() if saved.get(k) != asdict(config).get(k))
         raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
