@@ -101,10 +101,11 @@ class EnsembleHead(nn.Module):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, *, draft_hidden: int | None = None, target_hidden: int | None = None,
-             draft_model: str | None = None, target_model: str | None = None) -> EnsembleHead:
-        """Load a saved head (a folder or a shipped head's name: head_folder), refusing one trained for other
-        hidden sizes or other models."""
+    def load(cls, directory: str | Path | None = None, *, draft_hidden: int | None = None,
+             target_hidden: int | None = None, draft_model: str | None = None,
+             target_model: str | None = None) -> EnsembleHead:
+        """Load a saved head (a folder, a shipped head's name or None for the default: head_folder), refusing
+        one trained for other hidden sizes or other models."""
         directory = head_folder(directory)
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         try:
