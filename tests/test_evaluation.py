@@ -347,3 +347,16 @@ def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
     assert _interval([0.0] * 8)[0] == 0.0 and _interval([1.0] * 8)[1] == 1.0
     low, high = _interval([0.2, 0.4, 0.6])  # mean 0.4, standard error 0.2 / sqrt(3)
     assert (low, high) == (pytest.approx(0.4 - 1.95996 * 0.11547, abs=1e-4), pytest.approx(0.4 + 0.22632, abs=1e-4))
+
+
+def test_legend_labels_tell_heads_with_the_same_folder_name_apart():
+    from diversed.evaluation.report import _labels
+
+    methods = ["exact", "diversed", "diversed:gsm8k", "diversed:runs/lambda0.3/head-step-12",
+               "diversed:runs/lambda1/head-step-12"]
+    assert _labels(methods) == {
+        "exact": "exact", "diversed": "diversed (packaged head)", "diversed:gsm8k": "diversed (gsm8k)",
+        "diversed:runs/lambda0.3/head-step-12": "diversed (lambda0.3/head-step-12)",
+        "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)"}
+    assert _labels(["diversed:a/head", "diversed:b/other"])["diversed:a/head"] == "diversed (head)"  # fewest parts
+    assert _labels(["auto", "static:0.5"]) == {"auto": "auto", "static:0.5": "static:0.5"}

@@ -199,19 +199,19 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
         for s in static:
             ax.annotate(f"w={_static_weight(s['method']):g}", (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
                         textcoords="offset points", xytext=(4, 4))
+        labels = _labels([s["method"] for s in points])
         for s in points:
             marker, color, size = _style(s["method"])
             error = ([[100 * (s["quality"] - s["quality_low"])], [100 * (s["quality_high"] - s["quality"])]]
                      if y_key == "quality" else None)
             ax.errorbar(s[x_key], _scale(s[y_key], y_key), yerr=error, fmt=marker, color=color, markersize=size,
-                        capsize=3, label=_label(s["method"]))
+                        capsize=3, label=labels[s["method"]])
         ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone"}[x_key])
         ax.set_ylabel(f"{metric} (%)" if y_key == "quality" else "tokens/s")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the axes: never over a point
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
     return paths
@@ -297,10 +297,15 @@ def _style(method: str) -> tuple[str, str, int]:
     return {"auto": ("s", "black", 8)}.get(method, ("^", "tab:purple", 8))
 
 
-def _label(method: str) -> str:
-    """diversed:PATH/TO/HEAD -> diversed (HEAD): paths make poor legend entries."""
-    name, _, value = method.partition(":")
-    return f"{name} ({Path(value).name if value else 'packaged head'})" if name == "diversed" else method
+def _labels(methods: list[str]) -> dict[str, str]:
+    """Legend entries: diversed:PATH/TO/HEAD -> diversed (TO/HEAD), with the fewest trailing parts of the path
+    that tell the heads apart (whole paths make poor legend entries; heads are often all "head-step-N")."""
+    heads = {m: Path(m.partition(":")[2]).parts for m in methods if m.startswith("diversed:")}
+    depth = 1
+    while len({parts[-depth:] for parts in heads.values()}) < len(heads) and depth < max(map(len, heads.values())):
+        depth += 1
+    return {m: f"diversed ({'/'.join(heads[m][-depth:])})" if m in heads
+            else "diversed (packaged head)" if m == "diversed" else m for m in methods}
 
 
 def _scale(value: float, key: str) -> float:
