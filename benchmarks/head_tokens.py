@@ -60,7 +60,7 @@ def main() -> None:
                                                  max_new_tokens=args.max_new_tokens, stop=task.stop)]
         source = f"{len(prompts)} completions by exact, sampled here"
     weights = token_weights(pair, loaded, prompts, completions, temperature=temperature,
-                            code=task.metric == "pass@1")
+                            code=task.metric == "pass@1", progress=True)
     header = (f"# Head weights on {task.name} (test), {source}; TV(q, p) at T = {temperature}, "
               f"{len(weights.text)} tokens; heads: " + ", ".join(f"{n} = {d or 'packaged'}" for n, d in heads.items()))
     write_weights_report(weights, args.out, header)

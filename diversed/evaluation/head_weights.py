@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from scipy.stats import bootstrap
 from torch import Tensor
+from tqdm import tqdm
 
 from diversed.decoding.sampling import Sampling
 from diversed.head.model import EnsembleHead
@@ -59,15 +60,16 @@ def token_kind(text: str, code: bool) -> str:
 
 @torch.no_grad()
 def score_completions(pair: Pair, prompts: list[list[int]], completions: list[list[int]],
-                      bonus: list[list[bool]], sampling: Sampling, rows_per_pass: int = 2
-                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      bonus: list[list[bool]], sampling: Sampling, rows_per_pass: int = 2,
+                      progress: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Teacher-forced pass of both models over prompt + completion.
 
     Returns, per sequence and generated position t ([B, T], padded): the draft's and target's last hidden
     states that predict y_t (float32, [B, T, d]), p_t(y_t), q_t(y_t), TV(q_t, p_t), the mask of real
     positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
     the target's device. `rows_per_pass` sequences go through the models at a time: the full distributions
-    of a pass take rows x T x V floats (2 x 400 x 152k is 0.5 GB per model).
+    of a pass take rows x T x V floats (2 x 400 x 152k is 0.5 GB per model). `progress` shows a bar over
+    the sequences (on a CPU, a few seconds each).
     """
     length = max(map(len, completions))
     # Completions are padded at their end (with their own last token): causal attention keeps the real
@@ -79,6 +81,7 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
                                                                                               strict=True)])
     device = pair.target.device
     parts = []
+    bar = tqdm(total=len(fed), desc="scoring completions", unit="seq", disable=not progress, dynamic_ncols=True)
     for start in range(0, len(fed), rows_per_pass):
         chunk = slice(start, start + rows_per_pass)
         (h_draft, q), (h_target, p) = [
@@ -88,6 +91,8 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
         targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
         parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
                       total_variation(q, p)))
+        bar.update(len(fed[chunk]))
+    bar.close()
     h_draft, h_target, p_y, q_y, tv = (torch.cat(column) for column in zip(*parts, strict=True))
     return h_draft, h_target, p_y, q_y, tv, mask.to(device), (scored & mask).to(device)
 
@@ -106,9 +111,10 @@ class TokenWeights:
 
 @torch.no_grad()
 def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequence[str], completions: Sequence[str],
-                  *, temperature: float, code: bool) -> TokenWeights:
+                  *, temperature: float, code: bool, progress: bool = False) -> TokenWeights:
     """Each head's w and the models' TV(q, p) (at this temperature) at every token of the completions, which
-    are re-tokenized from their text and read after their prompts (empty completions are skipped)."""
+    are re-tokenized from their text and read after their prompts (empty completions are skipped);
+    `progress` shows a bar over the completions."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if not heads:
@@ -119,7 +125,7 @@ def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequen
     prompt_ids = [encode_prompt(pair.tokenizer, prompts[i]) for i in kept]
     tokens = [pair.tokenizer(completions[i], add_special_tokens=False)["input_ids"] for i in kept]
     h_draft, h_target, _, _, tv, mask, _ = score_completions(
-        pair, prompt_ids, tokens, [[False] * len(t) for t in tokens], Sampling(temperature))
+        pair, prompt_ids, tokens, [[False] * len(t) for t in tokens], Sampling(temperature), progress=progress)
     texts = [pair.tokenizer.decode([t]) for row in tokens for t in row]
     return TokenWeights(
         completion=torch.repeat_interleave(torch.arange(len(tokens)), torch.tensor([len(t) for t in tokens])),
