@@ -81,18 +81,18 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
                                                                                               strict=True)])
     device = pair.target.device
     parts = []
-    bar = tqdm(total=len(fed), desc="scoring completions", unit="seq", disable=not progress, dynamic_ncols=True)
-    for start in range(0, len(fed), rows_per_pass):
-        chunk = slice(start, start + rows_per_pass)
-        (h_draft, q), (h_target, p) = [
-            (hidden.float().to(device), sampling.probs(logits).to(device))
-            for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
-                                   for model in (pair.draft, pair.target))]
-        targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
-        parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
-                      total_variation(q, p)))
-        bar.update(len(fed[chunk]))
-    bar.close()
+    with tqdm(total=len(fed), desc="scoring completions", unit="seq", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for start in range(0, len(fed), rows_per_pass):
+            chunk = slice(start, start + rows_per_pass)
+            (h_draft, q), (h_target, p) = [
+                (hidden.float().to(device), sampling.probs(logits).to(device))
+                for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
+                                       for model in (pair.draft, pair.target))]
+            targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
+            parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
+                          total_variation(q, p)))
+            bar.update(len(fed[chunk]))
     h_draft, h_target, p_y, q_y, tv = (torch.cat(column) for column in zip(*parts, strict=True))
     return h_draft, h_target, p_y, q_y, tv, mask.to(device), (scored & mask).to(device)
 
