@@ -23,7 +23,7 @@ WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
 # Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
 # was trained and what it scored on held-out problems. The default is the one used when none is named.
 PRETRAINED = Path(__file__).parent / "pretrained"
-PRETRAINED_HEADS = ("humaneval", "gsm8k")
+PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp")
 DEFAULT_HEAD = "humaneval"
 
 
