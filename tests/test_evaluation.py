@@ -85,6 +85,7 @@ def test_report_of_a_run_in_progress_compares_the_examples_every_method_finished
     assert [s["method"] for s in partial] == METHODS
     assert partial == summarize_results([r for r in everything if r["example"] != last], METHODS)
     assert "the 6 examples every method finished" in (tmp_path / "summary.md").read_text()
+    assert "decoded together" not in (tmp_path / "summary.md").read_text()
     assert (tmp_path / RESULTS_FILE).read_text().endswith('"cut')  # the run's files are left as they are
     with pytest.raises(FileNotFoundError, match="no evaluation"):
         run.report(tmp_path / "nothing", "share")
@@ -302,6 +303,8 @@ def test_batched_evaluation_runs_every_method_on_every_example(pair, task, tmp_p
     results = rows(tmp_path)
     assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
     assert len(results) == 7 * len(METHODS) and [s["method"] for s in summaries] == METHODS
+    # Batch throughput is not a single request's speed; the summary says which it is.
+    assert "3 examples decoded together" in (tmp_path / "summary.md").read_text()
 
 
 def synthetic_rows(method: str, accepted: int, rewards: list[float]) -> list[dict]:

@@ -190,7 +190,14 @@ def _header(config: EvalConfig, examples: str) -> str:
     return (f"{config.task} ({config.split}, {examples}), {config.draft_model} -> "
             f"{config.target_model}, {config.backend or 'transformers'}{weights}, "
             f"T = {config.temperature}, drafts {config.drafting}, "
-            f"{config.max_new_tokens} new tokens, seed {config.seed}")
+            f"{config.max_new_tokens} new tokens, seed {config.seed}{_batching(config.batch_size)}")
+
+
+def _batching(batch_size: int) -> str:
+    # Rows decoded together share the target's passes, which helps plain decoding more than speculative
+    # rounds: tokens/s here is not the speed a single request sees (benchmarks/llama_speed.py measures that).
+    return "" if batch_size == 1 else (f"; {batch_size} examples decoded together, so tokens/s and speedup are "
+                                       "batch throughput, not single-request speed")
 
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
