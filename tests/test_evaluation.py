@@ -363,3 +363,21 @@ def test_legend_labels_tell_heads_with_the_same_folder_name_apart():
         "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)"}
     assert _labels(["diversed:a/head", "diversed:b/other"])["diversed:a/head"] == "diversed (head)"  # fewest parts
     assert _labels(["auto", "static:0.5"]) == {"auto": "auto", "static:0.5": "static:0.5"}
+
+
+def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
+    from diversed.evaluation.report import quality_by_reference_agreement
+
+    rows = (synthetic_rows("auto", 0, [1, 1, 1, 0, 0, 0])
+            + synthetic_rows("exact", 8, [1, 1, 0, 1, 0, 0])
+            + synthetic_rows("static:0.5", 9, [1, 0, 1, 0, 1, 0])
+            + synthetic_rows("late", 9, [1, 1]))  # finished only e0, e1
+    groups = quality_by_reference_agreement(rows, ["static:0.5"], ["auto", "exact"])
+    assert [(g["solved_by"], g["examples"]) for g in groups] == [(2, 2), (1, 2), (0, 2)]
+    assert [g["quality"]["static:0.5"][0] for g in groups] == [0.5, 0.5, 0.5]
+    assert all(low <= mean <= high for g in groups for mean, low, high in g["quality"].values())
+    # Only the examples every shown method finished; a group may be empty.
+    groups = quality_by_reference_agreement(rows, ["static:0.5", "late"], ["auto", "exact"])
+    assert [g["examples"] for g in groups] == [2, 0, 0] and groups[1]["quality"]["late"] is None
+    with pytest.raises(ValueError, match="no results for: lenient"):
+        quality_by_reference_agreement(rows, ["lenient"], ["auto", "exact"])

@@ -62,6 +62,30 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
     return summaries
 
 
+def quality_by_reference_agreement(rows: Sequence[dict], methods: Sequence[str],
+                                   reference: Sequence[str]) -> list[dict]:
+    """Where a method loses its quality: the examples grouped by how many of the reference methods (runs of
+    the target's own distribution, e.g. auto and exact) got reward 1 on them, from all down to none, and each
+    method's mean reward in each group with a 95% interval (_interval), on the examples that every method and
+    every reference ran. One dict per group: solved_by (k), examples, and {method: (mean, low, high) or None}.
+    The references score 1 and 0 in the outer groups by construction, as they define them."""
+    by_method = {m: {r["example"]: r["reward"] for r in rows if r["method"] == m} for m in dict.fromkeys(
+        [*reference, *methods])}
+    missing = [m for m, rewards in by_method.items() if not rewards]
+    if missing:
+        raise ValueError(f"no results for: {', '.join(missing)}")
+    shared = sorted(set.intersection(*(set(rewards) for rewards in by_method.values())))
+    groups = []
+    for k in range(len(reference), -1, -1):
+        examples = [e for e in shared if sum(by_method[m][e] == 1 for m in reference) == k]
+        quality = {}
+        for method in methods:
+            rewards = [by_method[method][e] for e in examples]
+            quality[method] = (sum(rewards) / len(rewards), *_interval(rewards)) if rewards else None
+        groups.append({"solved_by": k, "examples": len(examples), "quality": quality})
+    return groups
+
+
 def _quality_difference(method: str, others: list[str], rows: dict[str, list[dict]]) -> float:
     return _mean_reward(rows[method]) - _mean_reward(rows[others[0]])
 
