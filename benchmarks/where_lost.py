@@ -14,11 +14,10 @@ of the target would score a little under 100% in the first, so compare the other
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from diversed.evaluation.report import quality_by_reference_agreement
-from diversed.evaluation.run import RESULTS_FILE
+from diversed.evaluation.run import RESULTS_FILE, load_done_rows
 
 
 def main() -> None:
@@ -29,8 +28,7 @@ def main() -> None:
     parser.add_argument("--methods", help="comma-separated methods to show (default: all in the results); the "
                                           "problems are those every shown and reference method finished")
     args = parser.parse_args()
-    with open(args.folder / RESULTS_FILE) as lines:
-        rows = [json.loads(line) for line in lines]
+    rows = load_done_rows(args.folder / RESULTS_FILE)  # a run in progress may end in a row cut short
     reference = args.reference.split(",")
     methods = args.methods.split(",") if args.methods else list(dict.fromkeys(r["method"] for r in rows))
     groups = quality_by_reference_agreement(rows, methods, reference)
