@@ -187,8 +187,10 @@ def test_bad_requests_are_refused_with_clear_messages(target, draft):
         decode(target, [[VOCAB + 5]], draft=draft)
     with pytest.raises(ValueError, match="different vocabularies"):
         decode(target, PROMPTS, draft=tiny_model(1, vocab=50))
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="the prompt is empty"):
         decode(target, [[]], draft=draft)
+    with pytest.raises(ValueError, match="non-empty list"):
+        decode(target, [], draft=draft)
 
 
 def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypatch):

@@ -88,7 +88,11 @@ def decode(
     target = as_model(target)
     draft = None if draft is None or method.name == "auto" else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
-    _check_request(target, draft, prompts, method, draft_length, max_new_tokens, weight_fn)
+    if not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id sequences")
+    if draft is not None and draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
+                         "logits)")
     policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
     batch = Batch(target, draft, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
@@ -451,27 +455,6 @@ def _draft(draft: Rows, tokens: list[list[int]], caps: list[int], groups: Groups
         tokens = [[t] for t in x.tolist()]
     return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.hidden else None,
             lengths.clamp(max=len(drafts)))
-
-
-def _check_request(target: Model, draft: Model | None, prompts, method: Method, draft_length: DraftLength,
-                   max_new_tokens: int, weight_fn: WeightFn | None) -> None:
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id sequences")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if method.name != "auto" and draft is None:
-        raise ValueError(f"method {method.label!r} needs a draft model")
-    if method.rule == "dynamic" and weight_fn is None:
-        raise ValueError(f"method {method.label!r} needs a weight_fn (a trained head) for its weights")
-    if draft is not None and draft.vocab_size != target.vocab_size:
-        raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
-                         "logits)")
-    longest = max(prompts, key=len)
-    for role, model in (("target", target), ("draft", draft)):
-        if model is not None:
-            _check_prompt(model, role, longest, max_new_tokens, draft_length.longest)
-            if min(min(p) for p in prompts) < 0 or max(max(p) for p in prompts) >= model.vocab_size:
-                raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
 
 
 def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens: int, longest_round: int) -> None:
