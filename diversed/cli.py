@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"one of {', '.join(METHODS)}")
     gen.add_argument("--head", help="a trained head for --method diversed: its folder, or the name of a head "
                                     f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
-                                    f"{DEFAULT_HEAD})")
+                                    f"{DEFAULT_HEAD}); --method diversed:HEAD@+1 shifts its logit by +1 (stricter)")
     gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
     _add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")

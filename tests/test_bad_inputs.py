@@ -314,6 +314,9 @@ API = [
     (lambda: Method("lossy", lenience=1.0), "lenience"),
     (lambda: Method("exact", weight=0.5), "does not apply"),
     (lambda: Method("typical", epsilon=0.0), "epsilon"),
+    (lambda: Method("static", weight=0.5, shift=1.0), "shift is for method 'diversed'"),
+    (lambda: Method.parse("diversed:gsm8k@nan"), "finite number"),
+    (lambda: Method.parse("static:0.7@+1"), "cannot read method"),
     (lambda: Sampling(temperature=math.inf), "temperature"),
     (lambda: Sampling(top_p=1.5), "top_p"),
     (lambda: DraftLength(0), "draft length"),
@@ -361,6 +364,11 @@ def test_inputs_that_are_fine_give_the_right_result():
     assert request.stop == ("t5",) and request.sampling.greedy and request.prompts == ["t3"]
     assert check_request(["a\x00b", "x" * 100_000]).prompts == ["a\x00b", "x" * 100_000]
     assert Method.parse("static:0").weight == 0.0 and Method.parse("static:1").weight == 1.0
+    assert Method.parse("diversed:gsm8k@+1") == Method("diversed", head="gsm8k", shift=1.0)
+    assert Method.parse("diversed:@-0.5") == Method("diversed", shift=-0.5)
+    assert Method.parse("diversed:runs@v2/head").head == "runs@v2/head"  # '@' without a number is the folder's
+    assert [Method.parse(t).label for t in ("diversed:x@1.50", "diversed:@-2", "diversed:x")] == \
+        ["diversed:x@+1.5", "diversed:@-2", "diversed:x"]
     assert check_load_options(None, None) == "llama.cpp"
 
 

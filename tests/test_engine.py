@@ -1,5 +1,7 @@
 """The decoding loop on tiny randomly initialised models, in float32."""
 
+import math
+
 import pytest
 import torch
 
@@ -83,6 +85,24 @@ def test_static_weight_one_equals_exact_when_sampling(target, draft):
     ones = decode(target, PROMPTS, method=Method("dynamic"), weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]),
                   **kwargs)
     assert exact.tokens == static.tokens == ones.tokens
+
+
+def test_a_heads_shift_moves_its_logit(target, draft):
+    """diversed:HEAD@S runs the head's w as sigmoid(logit(w) + S): a flat head at 0.5 shifted by log 3 is the
+    static ensemble at 0.75, and any head shifted is the same head with the shift written into it."""
+    kwargs = dict(draft=draft, sampling=Sampling(1.0), max_new_tokens=20, seed=5)
+    half = decode(target, PROMPTS, method=Method("diversed", shift=math.log(3)), **kwargs,
+                  weight_fn=lambda hd, ht: torch.full(hd.shape[:2], 0.5))
+    assert half.tokens == decode(target, PROMPTS, method=Method("static", weight=0.75), **kwargs).tokens
+
+    def head(h_draft, h_target):
+        return torch.sigmoid(h_draft[..., 0] - h_target[..., 1])
+
+    shifted = decode(target, PROMPTS, method=Method("diversed", shift=-1.5), weight_fn=head, **kwargs)
+    written = decode(target, PROMPTS, method=Method("diversed"), **kwargs,
+                     weight_fn=lambda hd, ht: torch.sigmoid(torch.logit(head(hd, ht)) - 1.5))
+    unshifted = decode(target, PROMPTS, method=Method("diversed"), weight_fn=head, **kwargs)
+    assert shifted.tokens == written.tokens != unshifted.tokens
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(target, draft):

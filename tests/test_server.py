@@ -176,6 +176,16 @@ def test_the_dial_picks_the_rule_per_request(server, pair, head_dir, rule):
     assert label == ("diversed:flat" if rule == "diversed" else rule)
 
 
+def test_a_heads_shift_travels_in_the_verification_string(server, pair, head_dir):
+    url, _ = server
+    out = client(url).completions.create(model="tiny-target", prompt="t13 t14 t15", max_tokens=20, temperature=0,
+                                         extra_body={"verification": "diversed:flat@+1"})
+    alone = generate(pair, "t13 t14 t15", method=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
+                     chat=False, draft_length=DRAFTING)[0].text
+    assert out.choices[0].text == alone
+    assert out.model_extra["speculative"]["verification"] == "diversed:flat@+1"
+
+
 def test_relaxed_rules_keep_more_drafts_than_exact():
     """On a pair that disagrees (the toy pair leans to different tokens), in one server."""
     with serving(toy_pair()) as (url, _):
@@ -199,6 +209,7 @@ def test_draft_length_caps_a_requests_drafts(server):
     ({"prompt": "t3", "verification": "strict"}, "verification"),
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
     ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),
+    ({"prompt": "t3", "verification": "diversed:flat@inf"}, "verification"),
     ({"prompt": "t3", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "t3", "max_tokens": 10_000}, "max_tokens"),
     ({"prompt": " ".join(["t3"] * 300)}, "prompt"),

@@ -88,8 +88,8 @@ class Groups:
             params = policy.method.verify_params()
             if policy.method.rule == "dynamic":
                 with clock.phase("head"):
-                    params["weight"] = _checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
-                                                        drafts[rows].shape)
+                    params["weight"] = _shifted(_checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
+                                                                 drafts[rows].shape), policy.method.shift)
             with clock.phase("verify"):
                 # The target-alone rows drafted nothing: any rule gives them p's token after their 0 drafts.
                 out = verify(policy.method.rule or "exact", drafts[rows], q[rows], p[rows],
@@ -150,3 +150,10 @@ def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
     if not bool(((weight >= 0) & (weight <= 1)).all()):
         raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
     return weight
+
+
+def _shifted(weight: Tensor, shift: float | None) -> Tensor:
+    """The head's strictness dial (Method.shift): w -> sigmoid(logit(w) + shift); w = 0 and 1 stay put."""
+    if not shift:
+        return weight
+    return torch.sigmoid(torch.logit(weight.float()) + shift).to(weight.dtype)

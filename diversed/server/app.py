@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from fastapi import FastAPI, Request
@@ -104,7 +104,7 @@ class Server:
                 raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else
                                  "verification 'diversed' needs a head and this server loaded none", "head",
                                  "head_not_found")
-            weight_fn, method = self.heads[name], Method("diversed", head=name)
+            weight_fn, method = self.heads[name], replace(method, head=name)
         generator = torch.Generator(device=self.pair.target.device)
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
         room = (self.pair.target.context_length or 2**31) - len(ids) - self.drafting.longest - 1

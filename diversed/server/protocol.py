@@ -3,8 +3,8 @@
 Every field a client may send is either used, accepted at its neutral value only (e.g. presence_penalty 0),
 or refused with a BadRequest naming it: nothing a client asks for is silently ignored. The verification
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
-rule as `--method` spells it, `head`, the name of a head the server loaded, and `draft_length`, a cap on
-the drafts per round for this request.
+rule as `--method` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
+of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
 """
 
 from __future__ import annotations
@@ -143,13 +143,12 @@ def _method(body: dict, default: Method) -> tuple[Method, str | None]:
         if not isinstance(text, str):
             raise BadRequest("verification must be a string such as 'exact', 'static:0.7' or 'diversed'",
                              "verification")
-        name, _, value = text.partition(":")
-        if name == "diversed" and value:  # the head by name: a client never names a folder on the server
-            text, head = name, value if head is None else head
         try:
             method = Method.parse(text)
         except ValueError as error:
             raise BadRequest(f"verification {text!r}: {error}", "verification") from None
+        if method.head is not None:  # the head by name: a client never names a folder on the server
+            head = method.head if head is None else head
         if method.name == "dynamic":
             raise BadRequest("verification 'dynamic' needs a weight function: use 'diversed' with a head",
                              "verification")
