@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from diversed.backends import BACKENDS
-from diversed.decoding.method import METHODS
 from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
 from diversed.head.train import TrainConfig
 from diversed.models.loading import DTYPES, QUANTIZATIONS
+from diversed.verify import RULES
 
 TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, humaneval, humaneval-plus (offline), cnn_dailymail, xsum "
              "(online) or jsonl:PATH")
@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("prompts", nargs="*", help="prompts; '-' or none reads them from stdin, one per line")
     gen.add_argument("--file", type=Path, help="read prompts from a file: one per line, or JSONL with 'prompt'")
     gen.add_argument("--method", default="exact",
-                     help=f"auto (the target alone) or a rule, with its parameter as NAME:VALUE, e.g. static:0.7; "
-                          f"one of {', '.join(METHODS)}")
+                     help="auto (the target alone), diversed[:HEAD[@SHIFT]] (a trained head) or a rule, with its "
+                          "parameter as NAME:VALUE, e.g. static:0.7: "
+                          + "; ".join(f"{name} ({rule.summary})" for name, rule in RULES.items() if name != "dynamic"))
     gen.add_argument("--head", help="a trained head for --method diversed: its folder, or the name of a head "
                                     f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
                                     f"{DEFAULT_HEAD}); --method diversed:HEAD@+1 shifts its logit by +1 (stricter)")
@@ -187,9 +188,11 @@ def _generate(args: argparse.Namespace) -> int:
     from diversed.decoding.method import Method
     from diversed.generation import check_request, generate
 
-    if args.head is not None and args.method != "diversed":
-        raise ValueError("--head is for --method diversed")
-    method = Method.parse(f"diversed:{args.head}" if args.head is not None else args.method)
+    method = Method.parse(args.method)
+    if args.head is not None:  # a folder as it is: never read for a shift, whatever '@' it holds
+        if method.name != "diversed" or method.head not in (None, args.head):
+            raise ValueError(f"--head is for --method diversed without a head of its own, not {args.method!r}")
+        method = replace(method, head=args.head)
     if method.name == "dynamic":
         raise ValueError("method 'dynamic' takes its weights from a Python weight function; on the command line "
                          "use --method diversed (a trained head)")
@@ -305,8 +308,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    import json
-
     from diversed.evaluation.report import markdown_table, plot_training, training_table
     from diversed.evaluation.run import CONFIG_FILE, report
     from diversed.head.train import LOG_FILE

@@ -246,7 +246,8 @@ def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):
 def test_method_lists_are_checked():
     assert parse_methods("auto, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
         "auto", "exact", "static:0.7", "hf-static:0.5", "hf-exact", "diversed:gsm8k", "diversed"]
-    for bad, message in (("exact,exact", "twice"), ("diversed:gsm9k", "no head checkpoint"),
+    for bad, message in (("exact,exact", "twice"), ("diversed:gsm8k@1,diversed:gsm8k@+1.0", "twice"),
+                         ("diversed:gsm9k", "no head checkpoint"),
                          ("hf-static", "hf-static:W"), ("hf-static:1.5", "0 < W"),
                          ("static", "needs weight"), ("nope", "must be one of"), ("", "no methods")):
         with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -186,6 +186,16 @@ def test_a_heads_shift_travels_in_the_verification_string(server, pair, head_dir
     assert out.model_extra["speculative"]["verification"] == "diversed:flat@+1"
 
 
+def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_method(pair, head_dir):
+    """With --method diversed:flat@+1: a request naming only a head keeps the shift, and one asking for plain
+    "diversed" gets the --method's head, not the first one loaded."""
+    with serving(pair, heads={"other": head_dir, "flat": head_dir}, method="diversed:flat@+1") as (url, _):
+        labels = [client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=4, temperature=0,
+                                                 extra_body=extra).model_extra["speculative"]["verification"]
+                  for extra in ({}, {"head": "other"}, {"verification": "diversed"})]
+    assert labels == ["diversed:flat@+1", "diversed:other@+1", "diversed:flat"]
+
+
 def test_relaxed_rules_keep_more_drafts_than_exact():
     """On a pair that disagrees (the toy pair leans to different tokens), in one server."""
     with serving(toy_pair()) as (url, _):
@@ -210,6 +220,7 @@ def test_draft_length_caps_a_requests_drafts(server):
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
     ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),
     ({"prompt": "t3", "verification": "diversed:flat@inf"}, "verification"),
+    ({"prompt": "t3", "verification": "diversed:flat@+1", "head": "other"}, "head"),
     ({"prompt": "t3", "max_tokens": -1}, "max_tokens"),
     ({"prompt": "t3", "max_tokens": 10_000}, "max_tokens"),
     ({"prompt": " ".join(["t3"] * 300)}, "prompt"),

@@ -52,12 +52,11 @@ llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 llama.llama_backend_init()
 
 
-def _free(model, contexts: list) -> None:
-    """Free a model's context and weights (a finalizer: it runs at garbage collection or at exit, while
-    the llama_cpp module is still loaded)."""
-    for context in contexts:
-        if context:
-            llama.llama_free(context)
+def _free(model, held: list) -> None:
+    """Free a model's context (held[0], if any) and weights (a finalizer: it runs at garbage collection or
+    at exit, while the llama_cpp module is still loaded)."""
+    if held[0]:
+        llama.llama_free(held[0])
     llama.llama_model_free(model)
 
 
@@ -97,7 +96,8 @@ class LlamaCppModel:
         self.threads = threads or default_threads()
         self._context, self._capacity, self._free_seqs = None, 0, []
         self._live: weakref.WeakSet[LlamaCppRows] = weakref.WeakSet()
-        self._release = weakref.finalize(self, _free, self._model, [None])
+        self._held = [None]  # the context the finalizer frees with the model: never one already freed
+        weakref.finalize(self, _free, self._model, self._held)
 
     @property
     def cost_identity(self) -> str:
@@ -135,6 +135,7 @@ class LlamaCppModel:
 
     def _new_context(self, sequences: int) -> None:
         if self._context:
+            self._held[0] = None
             llama.llama_free(self._context)
             self._context = None
         params = llama.llama_context_default_params()
@@ -151,8 +152,7 @@ class LlamaCppModel:
                                f"positions for {self.name} (out of memory?)")
         self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
         self._free_seqs = list(range(sequences))
-        self._release.detach()
-        self._release = weakref.finalize(self, _free, self._model, [self._context])
+        self._held[0] = self._context
 
     def _decode(self, rows: Sequence[tuple[int, int, Sequence[int]]], outputs: int, hidden: bool
                 ) -> tuple[Tensor | None, Tensor]:

@@ -41,14 +41,16 @@ class Method:
                              f"got {self.shift!r} for {self.name!r}")
         if self.rule not in (None, "dynamic"):
             check_parameters(self.rule, **self.verify_params())
+        elif given := self.verify_params():  # the target alone verifies nothing; a head gives every weight
+            raise ValueError(f"method {self.name!r} takes no {', '.join(given)}")
 
     @classmethod
     def parse(cls, text: str) -> Method:
         """'auto', 'exact', 'static:0.7', 'lossy:0.3', 'cascade-opt:0.2', 'typical:0.09', 'diversed:DIR',
         'diversed:DIR@+1' (the head shifted by +1 logit; 'diversed:@+1': the default head shifted)."""
         name, _, value = text.partition(":")
-        if not value:
-            return cls(name)
+        if not value or name not in METHODS:
+            return cls(name)  # an unknown name is refused as such, whatever follows it
         if name not in _PARAMETER:
             raise ValueError(f"method {name!r} takes no parameter, got {text!r}")
         key = _PARAMETER[name]
@@ -69,7 +71,7 @@ class Method:
     def label(self) -> str:
         value = getattr(self, _PARAMETER.get(self.name, "name"))
         if self.shift is not None:
-            return f"{self.name}:{value or ''}@{self.shift:+g}"
+            return f"{self.name}:{value or ''}@{self.shift:+}".removesuffix(".0")  # every digit: '@+1', '@-0.25'
         return self.name if value is None or self.name not in _PARAMETER else f"{self.name}:{value}"
 
     def verify_params(self) -> dict:

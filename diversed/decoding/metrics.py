@@ -23,7 +23,7 @@ class SequenceStats:
     reached: list[int] = field(default_factory=list)  # rounds in which position i was drafted and verified
     kept: list[int] = field(default_factory=list)  # rounds in which position i was kept
     wall_time: float = 0.0
-    finish_reason: str = ""  # "eos", "stop" or "length"
+    finish_reason: str = ""  # "eos", "stop", "length"; a server's job also "cancelled" or "error"
 
     def add_round(self, drafted: int, accepted: int, draft_forwards: int) -> None:
         """Record one round in which `drafted` drafts were offered and the first `accepted` kept."""

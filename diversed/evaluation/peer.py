@@ -69,9 +69,11 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
             hook.remove()
         draft.generation_config = assistant_config
     tokens = out[0, ids.shape[1]:].tolist()
+    stopped = (check := stop_checker(pair.tokenizer, stop)) is not None and check(tokens)
     stats = SequenceStats(new_tokens=len(tokens), target_forwards=calls["target"], draft_forwards=calls["draft"],
                           drafted=calls["draft"], accepted=max(len(tokens) - calls["target"], 0), wall_time=wall,
-                          finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else "length")
+                          finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else
+                          "stop" if stopped else "length")
     return tokens, stats
 
 

@@ -23,6 +23,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
+from diversed.folders import changed_settings, check_writable
 from diversed.generation import generate, load_head
 from diversed.head.model import head_folder
 from diversed.models.loading import Pair
@@ -61,8 +62,8 @@ class EvalConfig:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1 (or None for the whole split), got {self.limit}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed}")
+        if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
 
@@ -76,8 +77,10 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
     labels = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not labels:
         raise ValueError("no methods given")
+    canonical = []  # 'diversed:x@1' and 'diversed:x@+1.0' are one method
     for label in labels:
         name, _, value = label.partition(":")
+        canonical.append(label if name in PEERS else Method.parse(label).label)
         if name in PEERS:
             try:
                 weight = float(value) if value else None
@@ -90,7 +93,7 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
                              "diversed:DIR")
         elif method.name == "diversed":
             head_folder(method.head)  # a missing head is found before the models load
-    if len(set(labels)) != len(labels):
+    if len(set(canonical)) != len(canonical):
         raise ValueError(f"a method is listed twice in {labels}")
     return labels
 
@@ -238,8 +241,7 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
     if not resume:
         raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
     saved = json.loads(path.read_text())
-    if saved != asdict(config):
-        changed = sorted(k for k in saved.keys() | asdict(config).keys() if saved.get(k) != asdict(config).get(k))
+    if changed := changed_settings(saved, asdict(config)):
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 
 
@@ -248,11 +250,7 @@ def check_out_dir(out_dir: Path, resume: bool | None = None) -> None:
     with resume given, also one that holds an evaluation when resume is False."""
     if resume is False and (Path(out_dir) / CONFIG_FILE).exists():
         raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
-    for path in (out_dir, *out_dir.parents):
-        if path.exists():
-            if not path.is_dir():
-                raise ValueError(f"cannot write the evaluation to {out_dir}: {path} is a file, not a folder")
-            return
+    check_writable(Path(out_dir), "the evaluation")
 
 
 def _result_files(out_dir: Path) -> list[Path]:

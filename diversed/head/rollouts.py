@@ -49,9 +49,6 @@ class Rollouts:
     mean_tv: float  # TV averaged over the step's scored tokens: the unit of the acceptance term
     info: dict = field(default_factory=dict)  # examples, completions, decoding statistics, seconds (JSON)
 
-    def to(self, device: torch.device | str) -> Rollouts:
-        return replace(self, **{name: getattr(self, name).to(device) for name in _PER_TOKEN + _PER_SEQUENCE})
-
     def select(self, rows: Tensor) -> Rollouts:
         """The completions `rows` (indices into 0..S-1) and their tokens, renumbered 0..len(rows)-1 in their
         original order."""

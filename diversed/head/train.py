@@ -42,6 +42,7 @@ from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
+from diversed.folders import changed_settings, check_writable
 from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig, head_folder
 from diversed.head.ppo import ppo_terms, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
@@ -112,8 +113,8 @@ class TrainConfig:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
         if not 0 < self.initial_weight < 1:
             raise ValueError(f"initial weight must be in (0, 1), got {self.initial_weight}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed}")
+        if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
         for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
                      "minibatches"):
             if getattr(self, name) < 1:
@@ -291,11 +292,7 @@ def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> 
     is (or lies under) a file, one that holds a run when resume is False, one with nothing to resume or a
     run of another config when resume is True."""
     out_dir = Path(out_dir)
-    for path in (out_dir, *out_dir.parents):
-        if path.exists():
-            if not path.is_dir():
-                raise ValueError(f"cannot write the training run to {out_dir}: {path} is a file, not a folder")
-            break
+    check_writable(out_dir, "the training run")
     if not resume:
         if any((out_dir / n).exists() for n in (CHECKPOINT, CHECKPOINT + ".old", LOG_FILE, CONFIG_FILE, ROLLOUTS)):
             raise ValueError(f"{out_dir} already holds a training run: pass resume=True (--resume) or another --out")
@@ -305,8 +302,7 @@ def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> 
         raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
     # A run saved before a setting existed ran with its default.
     saved = {f.name: f.default for f in fields(TrainConfig)} | json.loads((folder / STATE_FILE).read_text())["config"]
-    if saved != asdict(config):
-        changed = sorted(k for k in saved.keys() | asdict(config).keys() if saved.get(k) != asdict(config).get(k))
+    if changed := changed_settings(saved, asdict(config)):
         raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
 
 

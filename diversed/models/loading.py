@@ -71,7 +71,8 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
 
     llama.cpp: threads, for both models (default: the machine's cores); draft_quant: the default pair's draft
     requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once). The options below are the
-    transformers backend's, refused on llama.cpp where they would change nothing.
+    transformers backend's: draft_vocab is refused on llama.cpp, and dtype, onednn and draft_int8 do not
+    apply there (the GGUF files run as they are quantized).
     transformers: dtype: "float16" (default; on a
     CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
     distributions), "float32" (the reference) or "bfloat16". onednn: run the linear layers of float32 CPU

@@ -98,7 +98,8 @@ class Server:
             ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
         method, weight_fn = call.method, None
         if method.name == "diversed":
-            name = call.head or method.head or next(iter(self.heads), None)
+            default = self.default_method.head if self.default_method.name == "diversed" else None
+            name = call.head or method.head or default or next(iter(self.heads), None)
             if name not in self.heads:
                 loaded = ", ".join(self.heads) or "none"
                 raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else

@@ -137,8 +137,8 @@ def _method(body: dict, default: Method) -> tuple[Method, str | None]:
     head = body.get("head")
     if head is not None and not isinstance(head, str):
         raise BadRequest("head must be the name of a loaded head", "head")
-    if text is None:
-        method = default if head is None else Method("diversed")
+    if text is None:  # the server's rule; a head alone asks for "diversed" (with the server's shift, if it has one)
+        method = default if head is None or default.name == "diversed" else Method("diversed")
     else:
         if not isinstance(text, str):
             raise BadRequest("verification must be a string such as 'exact', 'static:0.7' or 'diversed'",
@@ -148,7 +148,10 @@ def _method(body: dict, default: Method) -> tuple[Method, str | None]:
         except ValueError as error:
             raise BadRequest(f"verification {text!r}: {error}", "verification") from None
         if method.head is not None:  # the head by name: a client never names a folder on the server
-            head = method.head if head is None else head
+            if head not in (None, method.head):
+                raise BadRequest(f"verification {text!r} names head {method.head!r} and head names {head!r}: "
+                                 "name one", "head")
+            head = method.head
         if method.name == "dynamic":
             raise BadRequest("verification 'dynamic' needs a weight function: use 'diversed' with a head",
                              "verification")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from diversed.tasks.offline import check_split
 from diversed.tasks.task import Example, Task, tests_pass
 
 SPLITS = ("train", "test", "all")
@@ -31,17 +33,16 @@ class CodeProblem:
 
 def load_humaneval(split: str = "test") -> list[CodeProblem]:
     """HumanEval problems of one split, in task order."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    problems = []
+    check_split(split, SPLITS)
     with gzip.open(_data_file(), "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            number = int(row["task_id"].split("/")[1])
-            if split == "all" or (split == "test") == (number % 4 == 0):
-                problems.append(CodeProblem(row["task_id"], row["prompt"], row["test"], row["entry_point"],
-                                            row["canonical_solution"]))
-    return problems
+        rows = [json.loads(line) for line in f]
+    return [CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"], r["canonical_solution"])
+            for r in rows if in_split(r["task_id"], split)]
+
+
+def in_split(task_id: str, split: str) -> bool:
+    """Whether HumanEval/k is in the split: test when k % 4 == 0, train otherwise (HumanEval+ shares it)."""
+    return split == "all" or (split == "test") == (int(task_id.split("/")[1]) % 4 == 0)
 
 
 def chat_prompt(problem: CodeProblem) -> str:
@@ -51,10 +52,15 @@ def chat_prompt(problem: CodeProblem) -> str:
 
 
 def examples(split: str = "test", limit: int | None = None) -> list[Example]:
-    """HumanEval as task examples: the chat prompt, the canonical program as reference, the unit tests, and
+    """HumanEval as task examples (code_examples)."""
+    return code_examples(load_humaneval(split)[:limit])
+
+
+def code_examples(problems: Sequence[CodeProblem]) -> list[Example]:
+    """Problems as task examples: the chat prompt, the canonical program as reference, the unit tests, and
     the function header as metadata["code_prompt"] (for completions that write only the body)."""
     return [Example(p.task_id, chat_prompt(p), p.prompt + p.canonical_solution, p.tests, p.entry_point,
-                    {"code_prompt": p.prompt}) for p in load_humaneval(split)[:limit]]
+                    {"code_prompt": p.prompt}) for p in problems]
 
 
 # The prompt asks for one fenced block: stop at its closing fence, so no tokens go into the explanation that

@@ -19,10 +19,9 @@ import json
 from pathlib import Path
 from string import Template
 
-from diversed.tasks.humaneval import CodeProblem, chat_prompt
+from diversed.tasks.humaneval import CodeProblem, code_examples, in_split
 from diversed.tasks.offline import DATA_DIR, check_split, read_text
-from diversed.tasks.rewards import code_reward, extract_code
-from diversed.tasks.task import Example, Task
+from diversed.tasks.task import Example, Task, tests_pass
 
 SPLITS = ("train", "test", "all")
 # Wall-clock limit of one problem's check. The slowest reference (HumanEval/139) takes about 5 s over its inputs
@@ -75,8 +74,7 @@ def plus_check(row: dict) -> str:
 def load_humaneval_plus(split: str = "test", root: Path = DATA_DIR) -> tuple[CodeProblem, ...]:
     """HumanEval+ problems of one split, in task order, with the plus tests."""
     check_split(split, SPLITS)
-    return tuple(p for p in _problems(Path(root))
-                 if split == "all" or (split == "test") == (int(p.task_id.split("/")[1]) % 4 == 0))
+    return tuple(p for p in _problems(Path(root)) if in_split(p.task_id, split))
 
 
 @functools.cache
@@ -88,16 +86,13 @@ def _problems(root: Path) -> tuple[CodeProblem, ...]:
 
 
 def examples(split: str = "test", limit: int | None = None) -> list[Example]:
-    """HumanEval+ as task examples, as humaneval's: the chat prompt, the canonical program as reference, the
-    plus tests, and the function header as metadata["code_prompt"]."""
-    return [Example(p.task_id, chat_prompt(p), p.prompt + p.canonical_solution, p.tests, p.entry_point,
-                    {"code_prompt": p.prompt}) for p in load_humaneval_plus(split)[:limit]]
+    """HumanEval+ as task examples, as humaneval's (with the plus tests)."""
+    return code_examples(load_humaneval_plus(split)[:limit])
 
 
 def plus_tests_pass(example: Example, completion: str) -> float:
     """pass@1 on the plus tests: tests_pass with the longer time limit (TIMEOUT_S) that they need."""
-    code = extract_code(completion, example.metadata.get("code_prompt"), example.entry_point)
-    return code_reward(code, example.tests, example.entry_point, timeout_s=TIMEOUT_S)
+    return tests_pass(example, completion, TIMEOUT_S)
 
 
 HUMANEVAL_PLUS = Task("humaneval-plus", "pass@1", examples, plus_tests_pass, stop=("\n```\n",), max_new_tokens=512)

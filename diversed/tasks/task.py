@@ -39,10 +39,10 @@ class Task:
     max_new_tokens: int = 128
 
 
-def tests_pass(example: Example, completion: str) -> float:
-    """pass@1 reward: the code in the completion passes the example's tests."""
+def tests_pass(example: Example, completion: str, timeout_s: float = 10) -> float:
+    """pass@1 reward: the code in the completion passes the example's tests within timeout_s seconds."""
     code = extract_code(completion, example.metadata.get("code_prompt"), example.entry_point)
-    return code_reward(code, example.tests, example.entry_point)
+    return code_reward(code, example.tests, example.entry_point, timeout_s=timeout_s)
 
 
 def number_match(example: Example, completion: str) -> float:
