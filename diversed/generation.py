@@ -102,16 +102,14 @@ def generate(
 
 @dataclass(frozen=True)
 class Request:
-    """What generate() was asked, checked and in canonical form (see check_request)."""
+    """What generate() was asked, checked, in canonical form (see check_request): the arguments that have
+    another form than the one given (integer arguments stay as they were)."""
 
     prompts: list[str]
     method: Method
     sampling: Sampling
     draft_length: DraftLength | None
-    max_new_tokens: int
     stop: tuple[str, ...]
-    batch_size: int
-    seed: int
 
 
 def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact", temperature: float = 1.0,
@@ -145,7 +143,7 @@ def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact
         _check_text(f"stop string {number}", text)
     return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
-                   max_new_tokens, stop, batch_size, seed)
+                   stop)
 
 
 def _check_text(name: str, text) -> None:
