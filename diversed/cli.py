@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("out", type=Path, help="the evaluation's or the training run's --out folder")
     rep.add_argument("--methods", help="an evaluation's methods to report, comma-separated (default: all; the "
                                        "examples compared are those every one of them finished)")
+    rep.add_argument("--to", type=Path, help="write the evaluation's summary and pictures here instead of into "
+                                             "OUT (a report of some methods that keeps OUT's own)")
     rep.set_defaults(run=_report)
 
     srv = commands.add_parser("serve", help="an OpenAI-compatible server with a verification dial per request")
@@ -315,8 +317,8 @@ def _report(args: argparse.Namespace) -> int:
 
     config = args.out / CONFIG_FILE
     if not config.is_file() and (args.out / LOG_FILE).is_file():  # a head's training run
-        if args.methods is not None:
-            raise ValueError(f"--methods is for evaluations; {args.out} holds a head's training run")
+        if args.methods is not None or args.to is not None:
+            raise ValueError(f"--methods and --to are for evaluations; {args.out} holds a head's training run")
         plot_training(args.out / LOG_FILE, args.out / "training.png")
         print(training_table(args.out / LOG_FILE))
         return 0
@@ -324,7 +326,7 @@ def _report(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no evaluation or training run in {args.out}: neither {CONFIG_FILE} nor "
                                 f"{LOG_FILE} is there")
     metric = get_task(json.loads(config.read_text())["task"]).metric
-    print(markdown_table(report(args.out, metric, args.methods), metric))
+    print(markdown_table(report(args.out, metric, args.methods, args.to), metric))
     return 0
 
 

@@ -417,4 +417,4 @@ def test_report_refuses_a_folder_without_an_evaluation(files, capsys):
 def test_report_refuses_methods_for_a_training_run(tmp_path, capsys):
     (tmp_path / "log.jsonl").write_text("")
     code, err = run(["report", str(tmp_path), "--methods", "exact"], capsys)
-    assert code == 2 and "--methods is for evaluations" in err and "Traceback" not in err
+    assert code == 2 and "--methods and --to are for evaluations" in err and "Traceback" not in err

@@ -101,8 +101,11 @@ def test_report_of_some_methods_compares_the_examples_those_finished(complete, t
     kept = [r for r in everything if r["method"] != METHODS[-1] or r["example"] in early]
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
     assert all(s["examples"] == 2 for s in run.report(tmp_path, "share"))
-    others = run.report(tmp_path, "share", ",".join(METHODS[:-1]))
-    assert others == summaries[:-1]
+    whole = (tmp_path / "summary.json").read_text()
+    others = run.report(tmp_path, "share", ",".join(METHODS[:-1]), to=tmp_path / "some")
+    assert others == summaries[:-1] == json.loads((tmp_path / "some" / "summary.json").read_text())
+    assert (tmp_path / "summary.json").read_text() == whole  # --to leaves the folder's own report alone
+    assert (tmp_path / "some" / "quality_vs_acceptance.png").is_file()
     with pytest.raises(ValueError, match="no results for static:0.3"):
         run.report(tmp_path, "share", ["exact", "static:0.3"])
 

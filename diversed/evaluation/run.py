@@ -155,14 +155,18 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     return summaries
 
 
-def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = None) -> list[dict]:
+def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = None,
+           to: str | Path | None = None) -> list[dict]:
     """Summaries and plots of an evaluation so far (while it runs, or after it was stopped): only the examples
     that every method has finished, so that all methods are compared on the same examples. Reads the result
     files and writes summary.{md,csv,json} and the plots; the run itself is left as it is.
 
     methods: report these only (say, to leave out one that was stopped early and would hold the others to
-    its examples); by default every method with results."""
+    its examples); by default every method with results.
+    to: write the summary and plots into this folder instead of out_dir, so that a report of some methods
+    leaves the evaluation's own report as it is."""
     out_dir = Path(out_dir)
+    to = out_dir if to is None else Path(to)
     if not (out_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
     config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
@@ -181,8 +185,9 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
     rows = [r for r in rows if r["example"] in complete]
     summaries = summarize_results(rows, methods)
     done = f"the {len(complete)} examples every method finished, of {config.limit or 'all'}"
-    write_summary(summaries, out_dir, metric, _header(config, done))
-    plot_tradeoffs(summaries, out_dir, metric)
+    to.mkdir(parents=True, exist_ok=True)
+    write_summary(summaries, to, metric, _header(config, done))
+    plot_tradeoffs(summaries, to, metric)
     return summaries
 
 
