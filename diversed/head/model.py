@@ -21,10 +21,11 @@ from torch import Tensor, nn
 ARCHITECTURES = ("linear", "mlp")
 WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
 # Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
-# was trained and what it scored on held-out problems. The default is the one used when none is named.
+# was trained and what it scored on held-out problems. The default, used when none is named, is the one with
+# held-out evidence above the static ensemble (gsm8k); humaneval is the degenerate accept-everything head.
 PRETRAINED = Path(__file__).parent / "pretrained"
 PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp")
-DEFAULT_HEAD = "humaneval"
+DEFAULT_HEAD = "gsm8k"
 
 
 def head_folder(head: str | Path | None = None) -> Path:
