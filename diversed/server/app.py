@@ -149,7 +149,7 @@ class _Events:
             metrics.requests.labels(stats.finish_reason).inc()
             metrics.e2e_latency.observe(now - self.arrived)
             if job.policy.drafts:
-                metrics.record_rounds(job.policy.method.label, stats.drafted, stats.accepted,
+                metrics.record_rounds(job.policy.method, stats.drafted, stats.accepted,
                                       stats.reached[0] if stats.reached else 0, stats.kept)
         self._put(("tokens", list(job.tokens), job.finished))
 

@@ -1,11 +1,15 @@
 """The server's Prometheus metrics (prometheus-client), named like vLLM's where vLLM has one, with the
-verification rule as a label on the speculative counters.
+verification rule as a label on the speculative counters: the rule's name, and for "diversed" the head's
+(verification_label). A rule's parameters are left out of it: clients choose them freely, and a label per
+value would grow the registry without bound.
 
 Each server has its own registry, so several can live in one process (the tests start many)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from diversed.decoding.method import Method
 
 # Seconds: from a few milliseconds (a kept draft) to minutes (a long prompt behind a full batch).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
@@ -46,9 +50,10 @@ class Metrics:
                                              "Drafted tokens kept, by position in the round (0 = first draft).",
                                              ["verification", "position"], registry=registry)
 
-    def record_rounds(self, verification: str, drafted: int, accepted: int, rounds: int, kept: list[int]) -> None:
+    def record_rounds(self, method: Method, drafted: int, accepted: int, rounds: int, kept: list[int]) -> None:
         """Add a finished request's speculative counters (SequenceStats: rounds that drafted, tokens drafted and
         kept, and how many rounds kept each position)."""
+        verification = verification_label(method)
         self.drafts.labels(verification).inc(rounds)
         self.draft_tokens.labels(verification).inc(drafted)
         self.accepted_tokens.labels(verification).inc(accepted)
@@ -57,3 +62,9 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def verification_label(method: Method) -> str:
+    """'static' for static:0.7, 'diversed:gsm8k' for diversed:gsm8k@+1: a set as small as the rules and the
+    heads the server loaded."""
+    return f"diversed:{method.head}" if method.name == "diversed" else method.name
