@@ -242,5 +242,5 @@ def test_llama_cpp_hidden_states_are_what_the_head_was_trained_on(llama_pair):
         # Measured: median 0.9997, lowest 0.98 (the first position, a special token, differs more).
         assert cosine[1:].median() > 0.999 and cosine[1:].min() > 0.95, cosine
     head = load_head(llama_pair)
-    with torch.no_grad():  # measured: the largest difference in w past the first position 0.005
+    with torch.no_grad():  # measured (the gsm8k head): past the first position at most 0.014, median 0.003
         assert (head(*hidden["llama.cpp"]) - head(*hidden["transformers"]))[1:].abs().max() < 0.02
