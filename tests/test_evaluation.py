@@ -106,6 +106,8 @@ def test_report_of_some_methods_compares_the_examples_those_finished(complete, t
     assert others == summaries[:-1] == json.loads((tmp_path / "some" / "summary.json").read_text())
     assert (tmp_path / "summary.json").read_text() == whole  # --to leaves the folder's own report alone
     assert (tmp_path / "some" / "quality_vs_acceptance.png").is_file()
+    with pytest.raises(ValueError, match="is a file"):
+        run.report(tmp_path, "share", to=tmp_path / RESULTS_FILE / "report")
     with pytest.raises(ValueError, match="no results for static:0.3"):
         run.report(tmp_path, "share", ["exact", "static:0.3"])
 

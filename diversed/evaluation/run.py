@@ -169,6 +169,7 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
     to = out_dir if to is None else Path(to)
     if not (out_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
+    check_writable(to, "the report")
     config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
     rows = [r for path in _result_files(out_dir) for r in load_done_rows(path)]
     present = list(dict.fromkeys(r["method"] for r in rows))
