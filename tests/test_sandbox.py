@@ -2,6 +2,7 @@
 refusal to run code unconfined unless asked to."""
 
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -90,6 +91,12 @@ def test_infinite_loop_is_killed_at_the_time_limit():
     result = run_code("while True:\n    pass", timeout_s=1)
     assert result.timed_out and not result.passed and result.returncode is None
     assert time.monotonic() - start < 3
+
+
+def test_cpu_limit_kills_a_busy_loop_before_the_wall_clock():
+    result = run_code("while True:\n    pass", timeout_s=20, cpu_s=1)
+    assert not result.passed and not result.timed_out
+    assert result.returncode in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)
 
 
 def test_huge_allocation_fails_inside_the_memory_limit():
