@@ -65,15 +65,17 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     h_draft, h_target, p_y, _, tv, _, _ = score_completions(pair, [prompt], [base], [[False] * len(base)],
                                                             Sampling(TEMPERATURE))
     at = [t for t in range(len(base)) if drafted[t] != base[t]]
-    continued = greedy(pair, [prompt + base[:t] + [drafted[t]] for t in at],
-                       [MAX_NEW_TOKENS - t - 1 for t in at], stop)
+    # A kept end-of-sequence token ends the completion there: nothing to continue.
+    going_on = [t for t in at if drafted[t] not in pair.eos_token_ids]
+    continued = dict(zip(going_on, greedy(pair, [prompt + base[:t] + [drafted[t]] for t in going_on],
+                                          [MAX_NEW_TOKENS - t - 1 for t in going_on], stop), strict=True))
     w = {name: head(h_draft, h_target)[0].tolist() for name, head in heads.items()}
     record["flips"] = [
         {"t": t, "target": tokenizer.decode([base[t]]), "draft": tokenizer.decode([drafted[t]]),
          "kind": token_kind(tokenizer.decode([base[t]]), task.metric == "pass@1"), "tv": tv[0, t].item(),
          "p_target": p_y[0, t].item(), "harmful": task.reward(example, text_of(base[:t] + [drafted[t]] + rest)) < 1.0,
          "w": {name: values[t] for name, values in w.items()}}
-        for t, rest in zip(at, continued, strict=True)]
+        for t, rest in ((t, continued.get(t, [])) for t in at)]
     return record
 
 
