@@ -125,6 +125,32 @@ def report(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(records: list[dict], out: Path) -> None:
+    """Each head's w on the harmful and on the harmless flips, side by side (one box pair per head)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    flips = [f for r in records if r["right"] for f in r["flips"]]
+    heads = list(flips[0]["w"])
+    fig, ax = plt.subplots(figsize=(2.2 * len(heads) + 1, 4))
+    for i, name in enumerate(heads):
+        for offset, harmful, color in ((-0.18, True, "tab:red"), (0.18, False, "tab:blue")):
+            values = [f["w"][name] for f in flips if f["harmful"] == harmful]
+            ax.boxplot(values, positions=[i + offset], widths=0.3, patch_artist=True,
+                       boxprops={"facecolor": color, "alpha": 0.5}, medianprops={"color": "black"})
+    ax.set_xticks(range(len(heads)), heads)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("w at the flip (weight on the target)")
+    ax.set_title(f"w on harmful (red, {sum(f['harmful'] for f in flips)}) and harmless (blue, "
+                 f"{sum(not f['harmful'] for f in flips)}) flips")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="gsm8k")
@@ -150,6 +176,7 @@ def main() -> None:
                 file.flush()
     text = report(done)
     (args.out / "flips.md").write_text(text + "\n")
+    plot(done, args.out / "flips.png")
     print(text)
 
 
