@@ -55,7 +55,10 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     """The greedy completion of one problem and, if it is right, every flip with its outcome and each head's w."""
     tokenizer = pair.tokenizer
     prompt = encode_prompt(tokenizer, example.prompt)
-    text_of = lambda tokens: cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), task.stop)  # noqa: E731
+
+    def text_of(tokens: list[int]) -> str:
+        return cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), task.stop)
+
     base = greedy(pair, [prompt], [MAX_NEW_TOKENS], stop)[0]
     record = {"example": example.id, "tokens": len(base), "right": task.reward(example, text_of(base)) == 1.0}
     if not record["right"] or not base:
@@ -70,12 +73,15 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     continued = dict(zip(going_on, greedy(pair, [prompt + base[:t] + [drafted[t]] for t in going_on],
                                           [MAX_NEW_TOKENS - t - 1 for t in going_on], stop), strict=True))
     w = {name: head(h_draft, h_target)[0].tolist() for name, head in heads.items()}
-    record["flips"] = [
-        {"t": t, "target": tokenizer.decode([base[t]]), "draft": tokenizer.decode([drafted[t]]),
-         "kind": token_kind(tokenizer.decode([base[t]]), task.metric == "pass@1"), "tv": tv[0, t].item(),
-         "p_target": p_y[0, t].item(), "harmful": task.reward(example, text_of(base[:t] + [drafted[t]] + rest)) < 1.0,
-         "w": {name: values[t] for name, values in w.items()}}
-        for t, rest in ((t, continued.get(t, [])) for t in at)]
+    record["flips"] = []
+    for t in at:
+        target_text = tokenizer.decode([base[t]])
+        flipped = text_of(base[:t] + [drafted[t]] + continued.get(t, []))
+        record["flips"].append({
+            "t": t, "target": target_text, "draft": tokenizer.decode([drafted[t]]),
+            "kind": token_kind(target_text, task.metric == "pass@1"), "tv": tv[0, t].item(),
+            "p_target": p_y[0, t].item(), "harmful": task.reward(example, flipped) < 1.0,
+            "w": {name: values[t] for name, values in w.items()}})
     return record
 
 
