@@ -63,6 +63,7 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     record = {"example": example.id, "tokens": len(base), "right": task.reward(example, text_of(base)) == 1.0}
     if not record["right"] or not base:
         return record
+    record["completion"] = base  # so a head's inputs at each flip can be recomputed (flip_head.py)
     _, draft_logits = pair.draft.rows(1).feed([prompt + base[:-1]], len(base))
     drafted = draft_logits[0].argmax(-1).tolist()
     h_draft, h_target, p_y, _, tv, _, _ = score_completions(pair, [prompt], [base], [[False] * len(base)],
@@ -160,7 +161,9 @@ def plot(records: list[dict], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="gsm8k")
-    parser.add_argument("--problems", type=int, default=40, help="test problems to read, the first ones in order")
+    parser.add_argument("--split", default="test", choices=("test", "train"),
+                        help="read the test split (to measure heads) or the train split (labels to train one)")
+    parser.add_argument("--problems", type=int, default=40, help="problems to read, the first ones in order")
     parser.add_argument("--head", action="append", default=[], metavar="NAME=DIR", help="a head to read (repeat)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", action="store_true", help="only write the report of the problems done")
@@ -174,7 +177,7 @@ def main() -> None:
         loaded = {name: load_head(pair, directory) for name, directory in heads.items()}
         stop = stop_checker(pair.tokenizer, task.stop)
         args.out.mkdir(parents=True, exist_ok=True)
-        todo = task.examples("test", limit=args.problems)[len(done):]
+        todo = task.examples(args.split, limit=args.problems)[len(done):]
         with path.open("a") as file:
             for example in tqdm(todo, desc="problems", initial=len(done), total=args.problems):
                 done.append(problem_flips(pair, task, example, loaded, stop))
