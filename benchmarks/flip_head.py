@@ -112,9 +112,10 @@ def main() -> None:
     parser.add_argument("--architecture", default="linear", choices=ARCHITECTURES)
     parser.add_argument("--out", type=Path, required=True, help="where the head, its config and report go")
     args = parser.parse_args()
-    heldout_records = read_records(args.heldout)
     train = [r for r in read_records(args.train) if r["right"]]
-    heldout = [r for r in heldout_records if r["right"]]
+    # Only records that keep their completion's tokens can be read: a greedy completion regenerated on
+    # another machine (another llama.cpp build) can take another path, so it is never guessed.
+    heldout = [r for r in read_records(args.heldout) if r["right"] and "completion" in r]
     task, pair = get_task(args.task), load_pair()
     h_draft, h_target = flip_inputs(pair, task, args.train, train)
     harmful = torch.tensor([f["harmful"] for r in train for f in r["flips"]], dtype=torch.float32)
@@ -137,7 +138,8 @@ def main() -> None:
         flip["w"]["flip-head"] = next(w)
     text = (f"Trained on {len(train)} solved train problems ({len(harmful)} flips, {int(harmful.sum())} harmful), "
             f"{args.architecture}, L2 penalty {penalty} (cross-validated AUC by penalty: "
-            + ", ".join(f"{p:g}: {s:.3f}" for p, s in scores.items()) + ").\n\nHeld out:\n\n" + report(heldout_records))
+            + ", ".join(f"{p:g}: {s:.3f}" for p, s in scores.items()) + ").\n\nHeld out (the solved test problems "
+            "whose completion tokens are recorded):\n\n" + report(heldout))
     (args.out / "heldout.md").write_text(text + "\n")
     print(text)
 
