@@ -86,6 +86,12 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     return record
 
 
+def read_records(folder: Path) -> list[dict]:
+    """The records of a flips folder, one a problem, in order (none if it has no flips file yet)."""
+    path = folder / FLIPS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def auc(scores: np.ndarray, harmful: np.ndarray) -> float:
     """P(score of a harmful flip > score of a harmless one), ties counted half (the Mann-Whitney U / n1 n0)."""
     return mannwhitneyu(scores[harmful], scores[~harmful]).statistic / (harmful.sum() * (~harmful).sum())
@@ -168,8 +174,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--report", action="store_true", help="only write the report of the problems done")
     args = parser.parse_args()
-    path = args.out / FLIPS_FILE
-    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    done = read_records(args.out)
     if not args.report:
         task = get_task(args.task)
         heads = dict(h.split("=", 1) for h in args.head) or {"gsm8k": "gsm8k"}
@@ -178,7 +183,7 @@ def main() -> None:
         stop = stop_checker(pair.tokenizer, task.stop)
         args.out.mkdir(parents=True, exist_ok=True)
         todo = task.examples(args.split, limit=args.problems)[len(done):]
-        with path.open("a") as file:
+        with (args.out / FLIPS_FILE).open("a") as file:
             for example in tqdm(todo, desc="problems", initial=len(done), total=args.problems):
                 done.append(problem_flips(pair, task, example, loaded, stop))
                 file.write(json.dumps(done[-1]) + "\n")

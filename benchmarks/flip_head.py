@@ -19,12 +19,11 @@ models a problem) and cached in each flips folder (features.safetensors, not com
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from flip_harm import FLIPS_FILE, TEMPERATURE, auc, report
+from flip_harm import TEMPERATURE, auc, read_records, report
 from safetensors.torch import load_file, save_file
 
 from diversed.decoding.sampling import Sampling
@@ -37,11 +36,6 @@ from diversed.text import encode_prompt
 FEATURES_FILE = "features.safetensors"
 PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # L2 on the head's weights, against the mean log loss
 FOLDS, STEPS, SEED = 5, 300, 0
-
-
-def read_records(folder: Path) -> list[dict]:
-    """The records of a flips folder, one a problem, in order."""
-    return [json.loads(line) for line in (folder / FLIPS_FILE).read_text().splitlines()]
 
 
 @torch.no_grad()
@@ -95,11 +89,11 @@ def cross_validate(config: HeadConfig, h_draft, h_target, harmful, problem: np.n
     for penalty in PENALTIES:
         aucs = []
         for k in range(FOLDS):
-            train, test = torch.from_numpy(fold != k), fold == k
-            head = fit(config, h_draft[train], h_target[train], harmful[train], penalty)
+            test = torch.from_numpy(fold == k)
+            head = fit(config, h_draft[~test], h_target[~test], harmful[~test], penalty)
             with torch.no_grad():
-                w = head(h_draft[torch.from_numpy(test)], h_target[torch.from_numpy(test)]).numpy()
-            aucs.append(auc(w, harmful.numpy()[test].astype(bool)))
+                w = head(h_draft[test], h_target[test]).numpy()
+            aucs.append(auc(w, harmful[test].numpy().astype(bool)))
         scores[penalty] = float(np.mean(aucs))
     return scores
 
