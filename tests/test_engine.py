@@ -144,10 +144,14 @@ def test_each_sequence_stops_at_its_own_eos(target, draft):
         assert stats.new_tokens == len(tokens)
 
 
-def test_stop_function_ends_a_sequence(target, draft):
-    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, max_new_tokens=24, stop=lambda t: len(t) >= 3)
-    assert all(3 <= len(t) <= 3 + 5 for t in out.tokens)
+def test_stop_function_ends_a_sequence_at_the_token_that_completes_it(target, draft):
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=DraftLength(5), max_new_tokens=24,
+                 stop=lambda t: len(t) >= 3)
+    # A round that writes past the stop is cut back: the same tokens as the target alone, and counts to match.
+    assert out.tokens == [full[:3] for full in plain.tokens]
     assert {s.finish_reason for s in out.stats} == {"stop"}
+    assert [s.new_tokens for s in out.stats] == [3] * len(PROMPTS)
 
 
 def test_metrics_add_up(target, draft):

@@ -159,6 +159,11 @@ class Job:
         self.tokens += added
         if not self.finished and self.stop is not None and self.stop(self.tokens):
             self.stats.finish_reason = "stop"
+            # A round can write past the token that completed the stop string: end there, so the counts
+            # (new tokens, tau, tokens/s, a server's usage) and the trace cover what a plain decode writes.
+            start = len(self.tokens) - len(added)
+            end = next(start + k for k in range(1, len(added) + 1) if self.stop(self.tokens[:start + k]))
+            del self.tokens[end:], self.bonus[end:], added[end - start:]
         self.stats.new_tokens = len(self.tokens)
         if self.finished:
             self.stats.wall_time = time.perf_counter() - self.started
