@@ -13,7 +13,7 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.head.model import EnsembleHead, head_folder
 from diversed.models.loading import Pair
-from diversed.text import StreamedText, cut_at_stop, encode_prompt, stop_checker
+from diversed.text import StreamedText, check_encodable, cut_at_stop, encode_prompt, stop_checker
 
 
 @dataclass
@@ -152,11 +152,7 @@ def _check_text(name: str, text) -> None:
         raise ValueError(f"{name} must be a string, got {_show(text)}")
     if not text.strip():
         raise ValueError(f"{name} is empty")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"{name} holds {text[error.start:error.end]!r} at character {error.start}, which is not "
-                         "text (a lone surrogate); it cannot be encoded") from None
+    check_encodable(name, text)
 
 
 def _show(value) -> str:

@@ -12,6 +12,16 @@ def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
     return (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
 
 
+def check_encodable(name: str, text: str) -> None:
+    """ValueError naming the input if UTF-8 cannot encode it (a lone surrogate, which JSON and a shell's
+    non-UTF-8 bytes can carry): a tokenizer would fail on it later, with a less helpful error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} holds {text[error.start:error.end]!r} at character {error.start}, which is not "
+                         "text (a lone surrogate); it cannot be encoded") from None
+
+
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """The text before the first stop string."""
     for s in stop:

@@ -31,7 +31,9 @@ from diversed.verify import verification_target
 
 from tiny import WORDS, perturbed, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
 
-CHAT_TEMPLATE = "{% for m in messages %}t{{ 2 + (m['role'] == 'user') }} {{ m['content'] }} {% endfor %}t4"
+CHAT_TEMPLATE = ("{% for m in messages %}{% if loop.first and m['role'] == 'assistant' %}"
+                 "{{ raise_exception('a conversation starts with a user or system turn') }}{% endif %}"
+                 "t{{ 2 + (m['role'] == 'user') }} {{ m['content'] }} {% endfor %}t4")
 DRAFTING = DraftLength(3)
 RULES = ["exact", "static:0.7", "lossy:0.3", "auto", "diversed"]
 
@@ -251,6 +253,19 @@ def test_bad_chat_and_invalid_json_get_400(server):
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
     status, body = _raw(url, "POST", "/v1/chat/completions", [1, 2])
     assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "t3 \ud800"}, "prompt"),
+    ("/v1/completions", {"prompt": "t3", "stop": ["\udcff"]}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t3 \ud800"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "t3"}]}, "messages"),
+])
+def test_text_the_tokenizer_cannot_take_gets_400_not_500(server, path, body, param):
+    """A lone surrogate is valid JSON but not text; a chat template may refuse a conversation itself."""
+    url, _ = server
+    status, reply = _raw(url, "POST", path, {"model": "tiny-target", "max_tokens": 2} | body)
+    assert status == 400 and json.loads(reply)["error"]["param"] == param
 
 
 def test_unknown_model_is_404(server):

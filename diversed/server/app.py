@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diversed.decoding.engine import Batch, Job
@@ -93,7 +94,10 @@ class Server:
         if call.chat:
             if tokenizer.chat_template is None:
                 raise BadRequest(f"{self.model_name} has no chat template: use /v1/completions", "messages")
-            ids = encode_messages(tokenizer, call.prompt)
+            try:
+                ids = encode_messages(tokenizer, call.prompt)
+            except TemplateError as error:  # a template's own refusal, e.g. "roles must alternate"
+                raise BadRequest(f"the chat template refused the messages: {error}", "messages") from None
         else:
             ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
         method, weight_fn = call.method, None

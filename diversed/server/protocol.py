@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
+from diversed.text import check_encodable
 
 
 class BadRequest(Exception):
@@ -109,7 +110,7 @@ def _prompt(body: dict) -> str:
         raise BadRequest("prompt must be a string (one prompt a request)", "prompt")
     if not prompt:
         raise BadRequest("prompt is empty", "prompt")
-    return prompt
+    return _encodable("prompt", prompt)
 
 
 def _messages(body: dict) -> list[dict]:
@@ -128,8 +129,17 @@ def _messages(body: dict) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", f"messages[{i}].content")
-        checked.append({"role": "system" if message["role"] == "developer" else message["role"], "content": content})
+        checked.append({"role": "system" if message["role"] == "developer" else message["role"],
+                        "content": _encodable(f"messages[{i}].content", content)})
     return checked
+
+
+def _encodable(param: str, text: str) -> str:
+    try:
+        check_encodable(param, text)
+    except ValueError as error:
+        raise BadRequest(str(error), param) from None
+    return text
 
 
 def _method(body: dict, default: Method) -> tuple[Method, str | None]:
@@ -193,7 +203,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("stop must be a non-empty string or a list of at most 4 of them", "stop")
-    return tuple(stop)
+    return tuple(_encodable("stop", s) for s in stop)
 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
