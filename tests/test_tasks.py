@@ -29,6 +29,16 @@ def test_extract_code_completes_a_function_body_with_the_prompt():
     assert extract_code(whole, prompt, entry_point="other").startswith(prompt)
 
 
+@pytest.mark.parametrize(("program", "passes"), [
+    ("import sys\nsys.exit(0)\n", False),  # exits with status 0 before the tests
+    ("import os\ndef add(a, b):\n    os._exit(0)\n", False),  # ... or while they run
+    ("def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    import sys\n    sys.exit(1)\n", True),
+    ("def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(input())\n", True),
+])
+def test_code_reward_counts_only_tests_run_to_their_end_and_skips_main_blocks(program, passes):
+    assert code_reward(program, "assert add(1, 2) == 3", None) == float(passes)
+
+
 def test_code_reward_runs_the_tests():
     program = "def add(a, b):\n    return a + b\n"
     assert code_reward(program, "assert add(1, 2) == 3", None) == 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import secrets
 from decimal import Decimal
 
 from diversed.tasks.sandbox import run_code
@@ -26,13 +27,19 @@ _LAST_DEF = re.compile(r"^def\s+(\w+)\s*\(", re.MULTILINE)
 
 def code_reward(program: str, tests: str, entry_point: str | None, *, timeout_s: float = 10,
                 memory_mb: int = 1024) -> float:
-    """1.0 when the program followed by the tests runs without error in the sandbox, else 0.0.
+    """1.0 when the program followed by the tests runs to their end without error in the sandbox, else 0.0.
 
     HumanEval style: tests define check(candidate), called here as check(entry_point). Without an entry
-    point (MBPP style) the tests are plain asserts.
+    point (MBPP style) the tests are plain asserts. As in the official harnesses, the program does not run
+    as __main__ (its `if __name__ == "__main__":` block, which may exit early or wait for input, is
+    skipped), and it passes only if the tests reached their end: a program that exits with status 0
+    before them (sys.exit(0), os._exit(0)) fails.
     """
     call = f"\n\ncheck({entry_point})\n" if entry_point else "\n"
-    return float(run_code(f"{program}\n\n{tests}{call}", timeout_s=timeout_s, memory_mb=memory_mb).passed)
+    reached = f"tests passed {secrets.token_hex(16)}"  # unguessable: only the end of the tests prints it
+    result = run_code(f"__name__ = 'candidate'\n{program}\n\n{tests}{call}\nprint({reached!r})\n",
+                      timeout_s=timeout_s, memory_mb=memory_mb)
+    return float(result.passed and reached in result.stdout)
 
 
 def extract_code(completion: str, prompt: str | None = None, entry_point: str | None = None) -> str:
