@@ -175,6 +175,21 @@ def test_resume_after_a_cut_inside_the_last_rows(complete, pair, task, tmp_path,
     assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
 
 
+def test_resume_inside_a_batch_reruns_the_group_with_its_seed(pair, task, tmp_path):
+    """A kill between the rows of a batch: the resumed run decodes that batch again whole, so its missing
+    rows get the batch and seed an unbroken run gave them (sampled, so a changed seed would show)."""
+    config = replace(CONFIG, batch_size=3, temperature=1.0)
+    unbroken = tmp_path / "unbroken"
+    evaluate(pair, task, METHODS, config, unbroken, progress=False)
+    full = rows(unbroken)
+    first_group = [r for r in full if r["index"] < 3 and r["method"] == METHODS[0]]
+    cut = tmp_path / "cut"
+    shutil.copytree(unbroken, cut)
+    (cut / RESULTS_FILE).write_text(json.dumps(first_group[0]) + "\n")  # one row of the first batch written
+    evaluate(pair, task, METHODS, config, cut, resume=True, progress=False)
+    assert sorted(map(json.dumps, map(without_timing, rows(cut)))) == sorted(map(json.dumps, map(without_timing, full)))
+
+
 SMALL = EvalConfig("small", temperature=0.0, draft_len=3, max_new_tokens=6, limit=1)
 REFUSED = {  # what is wrong: (methods, settings, the error's words)
     "a method twice": ("exact,exact", {}, "twice"),

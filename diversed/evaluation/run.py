@@ -134,10 +134,13 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
         for start in range(0, len(mine), config.batch_size):
             group = mine[start:start + config.batch_size]
             for label in methods:
-                indices = [i for i in group if (examples[i].id, label) not in done]
-                if not indices:
+                if all((examples[i].id, label) in done for i in group):
                     continue
-                for row in _run_batch(pair, task, examples, indices, label, config, heads.get(label)):
+                # A group cut short by a kill runs again whole: the same batch and seed as an unbroken run
+                # (and as the other methods), with only its missing rows written.
+                for row in _run_batch(pair, task, examples, group, label, config, heads.get(label)):
+                    if (row["example"], label) in done:
+                        continue
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     os.fsync(f.fileno())
