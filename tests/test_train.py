@@ -286,8 +286,10 @@ def test_a_run_stopped_at_a_step_and_resumed_is_the_uninterrupted_run(pair, tmp_
     partial = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, until_step=1, progress=False)
     assert len(log_rows(tmp_path)) == 1 and partial.config.training["steps"] == 1
     assert json.loads((tmp_path / "head.json").read_text())["training"]["total_steps"] == 3
+    with open(tmp_path / "log.jsonl", "a") as log:
+        log.write('{"step": 2, "rew')  # a line a kill cut short, after the checkpoint
     resumed = train_head(pair, DRAFT_LOVER, config(epochs=1, lam=0.5), tmp_path, resume=True, progress=False)
-    assert resumed.config.training["steps"] == 3
+    assert resumed.config.training["steps"] == 3 and len(log_rows(tmp_path)) == 3
     for key, value in full.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[key], value, rtol=0, atol=0)
     with pytest.raises(ValueError, match="until_step must be >= 1"):

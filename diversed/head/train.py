@@ -351,12 +351,23 @@ def _resume(out_dir: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer,
     state = json.loads((folder / STATE_FILE).read_text())
     head.load_state_dict(EnsembleHead.load(folder).state_dict())
     _load_optimizer(folder, optimizer)
-    # Drop log lines written after the checkpoint, so the log matches the resumed run exactly.
+    # Drop log lines written after the checkpoint, and a line a kill cut short, so the log matches the
+    # resumed run exactly.
     log = out_dir / LOG_FILE
     if log.exists():
-        lines = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= state["step"]]
+        lines = [ln for ln in log.read_text().splitlines()
+                 if (entry := _log_entry(ln)) is not None and entry["step"] <= state["step"]]
         log.write_text("".join(ln + "\n" for ln in lines))
     return state["step"]
+
+
+def _log_entry(line: str) -> dict | None:
+    """A log line's entry, or None for a blank line or one cut short."""
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return entry if isinstance(entry, dict) and "step" in entry else None
 
 
 def _warm_start(folder: Path, head: EnsembleHead, optimizer: torch.optim.Optimizer, pair: Pair) -> None:
