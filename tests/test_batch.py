@@ -120,3 +120,17 @@ def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
         batch.add(job(PROMPTS[1], Method("auto")))
     with pytest.raises(ValueError, match="context"):
         Batch(target, draft, capacity=1).add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
+
+
+def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
+    """Rows of the target alone in a speculative round draft nothing: they are no verdict on the length."""
+    target = tiny_model(0)
+    batch = Batch(as_model(target), as_model(tiny_model(5, layers=2, hidden=32)),
+                  draft_length=DraftLength(3, "heuristic"), capacity=3)
+    jobs = [job(p, m) for p, m in zip(PROMPTS[:3], [Method("exact"), Method("auto"), Method("auto")], strict=True)]
+    for j in jobs:
+        batch.add(j)
+    batch.step()
+    drafting = jobs[0].stats
+    assert drafting.drafted == 3 and drafting.accepted < 3  # an unrelated draft: rejected in the round
+    assert batch.n == 2  # one round shorter, as for this row alone (two kept-everything rows of 0 said +2)

@@ -289,8 +289,11 @@ class Batch:
                 if job.trace is not None:
                     job.trace.add(result, row, len(job.tokens) - written)
         if speed is None:
-            fully_kept = sum(k == d for k, d in zip(kept_counts, drafted_counts, strict=True)) / len(kept_counts)
-            self.n = self.draft_length.next(self.n, fully_kept)  # from the length asked for: a cut-off is no verdict
+            # Only rows that drafted give a verdict (a row of the target alone drafts nothing); from the length
+            # asked for, since a cut-off is no verdict either.
+            verdicts = [k == d for k, d in zip(kept_counts, drafted_counts, strict=True) if d > 0]
+            if verdicts:
+                self.n = self.draft_length.next(self.n, sum(verdicts) / len(verdicts))
         elif not prefill:  # a round that fed prompts is not a round's cost
             spent = {phase: self.clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
             speed.observe(kept_counts, drafted_counts, n_round, None if catching_up else spent["draft forward"],
