@@ -208,8 +208,9 @@ def _header(config: EvalConfig, examples: str) -> str:
 def _batching(batch_size: int) -> str:
     # Rows decoded together share the target's passes, which helps plain decoding more than speculative
     # rounds: tokens/s here is not the speed a single request sees (benchmarks/llama_speed.py measures that).
-    return "" if batch_size == 1 else (f"; {batch_size} examples decoded together, so tokens/s and speedup are "
-                                       "batch throughput, not single-request speed")
+    return "" if batch_size == 1 else (f"; {batch_size} examples decoded together, so tokens/s (tokens over the "
+                                       "rows' own times) and speedup are rates of a row sharing the batch, not "
+                                       "single-request speed")
 
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
