@@ -256,7 +256,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _drafting(args: argparse.Namespace, default: DraftLength) -> DraftLength:
-    """The backend's default drafting with what the user set of it replaced (--draft-len alone: N a round)."""
+    """The backend's default drafting with what the user set of it replaced (--draft-len alone: the constant
+    schedule, up to N a round: the confidence cut-off stays unless --draft-confidence changes it)."""
     schedule = args.draft_schedule or ("constant" if args.draft_len is not None else default.schedule)
     if schedule != default.schedule:
         default = DraftLength(DraftLength.initial, schedule, confidence=default.confidence)
