@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from diversed.backends.hf import TransformersModel
+from diversed.backends.llama_cpp import QUANTIZATIONS as LLAMA_FTYPES
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.cli import main
 from diversed.decoding.engine import Batch, Job, decode
@@ -15,7 +16,7 @@ from diversed.decoding.policy import Policy
 from diversed.decoding.profile import PHASES
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
-from diversed.models.loading import load_pair
+from diversed.models.loading import QUANTIZATIONS, load_pair
 
 from tiny import perturbed, tiny_gguf, tiny_model
 
@@ -262,3 +263,8 @@ def test_a_trace_needs_the_heads_inputs_every_round(backend):
         decode(models["target"], PROMPTS, draft=models["close"], method=Method("dynamic"),
                weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3, "auto"),
                trace=True)
+
+
+def test_the_draft_quantizations_checked_before_loading_are_those_llama_cpp_makes():
+    # loading.py checks --draft-quant without importing llama.cpp, so it keeps the names apart from their types.
+    assert QUANTIZATIONS == tuple(LLAMA_FTYPES)
