@@ -388,6 +388,8 @@ SERVE = [
     (["--method", "dynamic"], "weight function"),
     (["--method", "strict"], "method must be one of"),
     (["--method", "static:2"], "static"),
+    (["--method", "diversed:nothere"], "no head named 'nothere'"),
+    (["--method", "diversed:nothere", "--head", "flat={head}"], "no head named 'nothere'"),
     (["--max-batch", "0"], "max_batch"),
     (["--max-waiting", "-1"], "max_waiting"),
     (["--max-tokens", "0"], "max_tokens"),
@@ -403,7 +405,8 @@ def test_serve_refuses_before_loading(files, capsys, no_loading, args, message):
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--head", "flat={head}"], "corrupt head"),
-                                               (["--method", "diversed:nothere"], "no head named")])
+                                               (["--method", "diversed:gsm8k"], "fit the built-in pair only"),
+                                               (["--method", "diversed"], "no head fits this pair")])
 def test_serve_refuses_bad_heads_once_the_models_load(files, capsys, args, message):
     code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
     assert code == 2 and message in err and "Traceback" not in err, err

@@ -55,8 +55,12 @@ class ServerConfig:
         if self.max_batch < 1 or self.max_waiting < 0 or self.max_tokens < 1:
             raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
                              f"{self.max_tokens} and {self.max_waiting}")
-        if Method.parse(self.method).name == "dynamic":
+        method = Method.parse(self.method)
+        if method.name == "dynamic":
             raise ValueError("method 'dynamic' needs a weight function: use 'diversed' with a head")
+        if method.name == "diversed" and method.head not in (None, "default", *self.heads, *PRETRAINED_HEADS):
+            raise ValueError(f"--method {self.method}: no head named {method.head!r} (the server holds the heads "
+                             f"given with --head NAME=DIR and the shipped ones: {', '.join(PRETRAINED_HEADS)})")
 
 
 class Server:
@@ -74,7 +78,11 @@ class Server:
                 except ValueError:  # the shipped heads fit the built-in pair only
                     pass
         if self.default_method.name == "diversed" and self.default_method.head not in (None, *self.heads):
-            raise ValueError(f"--method {config.method}: no head named {self.default_method.head!r} is loaded")
+            raise ValueError(f"--method {config.method}: no head named {self.default_method.head!r} is loaded (the "
+                             "shipped heads fit the built-in pair only: give one with --head NAME=DIR)")
+        if self.default_method.name == "diversed" and not self.heads:
+            raise ValueError(f"--method {config.method}: no head fits this pair (the shipped heads fit the "
+                             "built-in pair only): give one with --head NAME=DIR")
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
         self.metrics = Metrics()
         self.worker = Worker(self._new_batch, config.max_waiting, self._gauges)
