@@ -110,6 +110,8 @@ def test_report_of_some_methods_compares_the_examples_those_finished(complete, t
         run.report(tmp_path, "share", to=tmp_path / RESULTS_FILE / "report")
     with pytest.raises(ValueError, match="no results for static:0.3"):
         run.report(tmp_path, "share", ["exact", "static:0.3"])
+    with pytest.raises(ValueError, match="no results for diversed:gone"):  # a report needs no head folder
+        run.report(tmp_path, "share", ["exact", "diversed:gone"])
 
 
 def test_plots_are_written(complete):

@@ -72,8 +72,9 @@ class EvalConfig:
         return DraftLength(self.draft_len, confidence=self.draft_confidence)
 
 
-def parse_methods(text: str | Sequence[str]) -> list[str]:
-    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order."""
+def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
+    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order. heads: check
+    that each diversed method's head is there (to run it; a report of its results needs none)."""
     labels = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not labels:
         raise ValueError("no methods given")
@@ -91,7 +92,7 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
         elif (method := Method.parse(label)).name == "dynamic":
             raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as "
                              "diversed:DIR")
-        elif method.name == "diversed":
+        elif method.name == "diversed" and heads:
             head_folder(method.head)  # a missing head is found before the models load
     if len(set(canonical)) != len(canonical):
         raise ValueError(f"a method is listed twice in {labels}")
@@ -177,7 +178,7 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
     rows = [r for path in _result_files(out_dir) for r in load_done_rows(path)]
     present = list(dict.fromkeys(r["method"] for r in rows))
     if methods is not None:
-        methods = parse_methods(methods)
+        methods = parse_methods(methods, heads=False)
         if missing := [m for m in methods if m not in present]:
             raise ValueError(f"no results for {', '.join(missing)} in {out_dir}; it has {', '.join(present)}")
         rows = [r for r in rows if r["method"] in methods]
