@@ -34,6 +34,9 @@ def test_extract_code_completes_a_function_body_with_the_prompt():
     ("import os\ndef add(a, b):\n    os._exit(0)\n", False),  # ... or while they run
     ("def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    import sys\n    sys.exit(1)\n", True),
     ("def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(input())\n", True),
+    # The program's module is importable by its name: dataclasses and pickle work as they do in a script.
+    ("import dataclasses, pickle\n@dataclasses.dataclass\nclass P:\n    x: 'int'\n"
+     "def add(a, b):\n    return pickle.loads(pickle.dumps(P(a + b))).x\n", True),
 ])
 def test_code_reward_counts_only_tests_run_to_their_end_and_skips_main_blocks(program, passes):
     assert code_reward(program, "assert add(1, 2) == 3", None) == float(passes)

@@ -37,8 +37,8 @@ def code_reward(program: str, tests: str, entry_point: str | None, *, timeout_s:
     """
     call = f"\n\ncheck({entry_point})\n" if entry_point else "\n"
     reached = f"tests passed {secrets.token_hex(16)}"  # unguessable: only the end of the tests prints it
-    result = run_code(f"__name__ = 'candidate'\n{program}\n\n{tests}{call}\nprint({reached!r})\n",
-                      timeout_s=timeout_s, memory_mb=memory_mb)
+    result = run_code(f"{program}\n\n{tests}{call}\nprint({reached!r})\n", timeout_s=timeout_s, memory_mb=memory_mb,
+                      run_name="candidate")
     return float(result.passed and reached in result.stdout)
 
 

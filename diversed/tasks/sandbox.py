@@ -53,13 +53,14 @@ _UID_BLOCK = range(61000, 64000)  # inside Debian's 60000-64999 block for on-dem
 _MAX_PROCESSES = 64
 _MAX_FILE_BYTES = 16 * 1024**2
 _TAIL_BYTES = 4000
-# Sets the limits, then runs main.py as a script. Limits set here bind the program (hard limits cannot be
-# raised again without privileges) but not bwrap, and RLIMIT_NPROC counts only this user namespace.
+# Sets the limits, then runs main.py (as a script, or as the module run_name). Limits set here bind the
+# program (hard limits cannot be raised again without privileges) but not bwrap, and RLIMIT_NPROC counts only
+# this user namespace.
 _LAUNCHER = """\
 import resource, runpy
 for kind, limit in {limits!r}:
     resource.setrlimit(kind, (limit, limit))
-runpy.run_path("main.py", run_name="__main__")
+runpy.run_path("main.py", run_name={run_name!r})
 """
 # The self-check: a configuration must run Python and still let a program fork once.
 _PROBE = "import os\nif os.fork() == 0:\n    os._exit(0)\nos.wait()\n"
@@ -90,21 +91,25 @@ class Isolation:
 
 
 def run_code(code: str, *, timeout_s: float = 10, memory_mb: int = 1024, cpu_s: int | None = None,
-             disk_mb: int = 64, allow_unsandboxed: bool | None = None) -> SandboxResult:
+             disk_mb: int = 64, allow_unsandboxed: bool | None = None, run_name: str = "__main__") -> SandboxResult:
     """Run a Python program in the sandbox and report how it ended.
 
     timeout_s: wall-clock limit; memory_mb: address-space limit; cpu_s: CPU-time limit (default: the
     wall-clock limit rounded up, plus one second, so a busy loop is caught by the wall clock first);
     disk_mb: size of each writable tmpfs (/tmp, /dev/shm). allow_unsandboxed: run the program unconfined
     where bubblewrap does not work, instead of raising SandboxUnavailableError (default: whether the
-    environment variable DIVERSED_ALLOW_UNSANDBOXED is "1").
+    environment variable DIVERSED_ALLOW_UNSANDBOXED is "1"). run_name: the program's __name__ (another
+    name than "__main__" skips its `if __name__ == "__main__":` block, as test harnesses do).
     """
+    if not run_name.isidentifier():
+        raise ValueError(f"run_name must be a Python identifier, got {run_name!r}")
     limits = [(resource.RLIMIT_CPU, cpu_s or math.ceil(timeout_s) + 1),
               (resource.RLIMIT_AS, memory_mb * 1024**2), (resource.RLIMIT_FSIZE, _MAX_FILE_BYTES),
               (resource.RLIMIT_CORE, 0)]
     found = _probe()
     if isinstance(found, Isolation):
-        return _run_confined(code, found, limits + [(resource.RLIMIT_NPROC, _MAX_PROCESSES)], disk_mb, timeout_s)
+        return _run_confined(code, found, limits + [(resource.RLIMIT_NPROC, _MAX_PROCESSES)], disk_mb, timeout_s,
+                             run_name)
     if allow_unsandboxed is None:
         allow_unsandboxed = os.environ.get(ALLOW_UNSANDBOXED_ENV) == "1"
     if not allow_unsandboxed:
@@ -113,7 +118,7 @@ def run_code(code: str, *, timeout_s: float = 10, memory_mb: int = 1024, cpu_s: 
             f"install bubblewrap; it needs unprivileged user namespaces), or accept running the code unconfined, as "
             f"this user, with {ALLOW_UNSANDBOXED_ENV}=1 (or run_code(..., allow_unsandboxed=True)).")
     warnings.warn(f"running generated code WITHOUT a sandbox ({found})", RuntimeWarning, stacklevel=2)
-    return _run_unconfined(code, limits, timeout_s)
+    return _run_unconfined(code, limits, timeout_s, run_name)
 
 
 def allow_unsandboxed() -> None:
@@ -158,8 +163,8 @@ def _unused_uid() -> int:
     return next(uid for uid in _UID_BLOCK if uid not in taken)
 
 
-def _run_confined(code: str, iso: Isolation, limits: list[tuple[int, int]], disk_mb: int, timeout_s: float
-                  ) -> SandboxResult:
+def _run_confined(code: str, iso: Isolation, limits: list[tuple[int, int]], disk_mb: int, timeout_s: float,
+                  run_name: str = "__main__") -> SandboxResult:
     program = os.memfd_create("main.py")
     try:
         os.write(program, code.encode())
@@ -180,18 +185,18 @@ def _run_confined(code: str, iso: Isolation, limits: list[tuple[int, int]], disk
                  "--size", size, "--tmpfs", _SCRATCH, "--symlink", "../tmp", "/var/tmp",
                  "--file", str(program), f"{_SCRATCH}/main.py", "--chdir", _SCRATCH,
                  "--remount-ro", "/",  # the new root itself: a tmpfs without a size limit
-                 "--", iso.python, "-I", "-c", _LAUNCHER.format(limits=limits)]
+                 "--", iso.python, "-I", "-c", _LAUNCHER.format(limits=limits, run_name=run_name)]
         switch_user = {} if iso.uid is None else {"user": iso.uid, "group": iso.uid, "extra_groups": []}
         return _execute(args, _SCRATCH, timeout_s, pass_fds=(program,), **switch_user)
     finally:
         os.close(program)
 
 
-def _run_unconfined(code: str, limits: list[tuple[int, int]], timeout_s: float) -> SandboxResult:
+def _run_unconfined(code: str, limits: list[tuple[int, int]], timeout_s: float, run_name: str) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="diversed-sandbox-", ignore_cleanup_errors=True) as workdir:
         Path(workdir, "main.py").write_text(code)
-        return _execute([sys.executable, "-I", "-c", _LAUNCHER.format(limits=limits)], workdir, timeout_s,
-                        cwd=workdir)
+        return _execute([sys.executable, "-I", "-c", _LAUNCHER.format(limits=limits, run_name=run_name)], workdir,
+                        timeout_s, cwd=workdir)
 
 
 def _execute(args: list[str], home: str, timeout_s: float, **popen) -> SandboxResult:
