@@ -255,3 +255,10 @@ def test_unsandboxed_runs_only_when_asked_for(monkeypatch, opt_in):
     if opt_in == "environment":
         with pytest.raises(SandboxUnavailableError):
             run_code("print('ok')", allow_unsandboxed=False)  # the parameter wins
+
+
+def test_run_name_sets_the_programs_name_and_must_be_an_identifier():
+    program = "print(__name__)\nif __name__ == '__main__':\n    raise SystemExit(3)\n"
+    assert run_code(program, timeout_s=10, run_name="candidate").stdout == "candidate\n"
+    with pytest.raises(ValueError, match="run_name"):
+        run_code("pass", run_name="not a name")
