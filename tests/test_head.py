@@ -24,11 +24,16 @@ def test_head_refuses_wrong_hidden_sizes():
 
 def test_save_and_load_round_trip_and_refusals(tmp_path):
     head = EnsembleHead(HeadConfig(8, 12, "mlp", draft_model="d", target_model="t"))
-    torch.nn.init.normal_(head.net[0].weight)
+    torch.manual_seed(0)
+    for parameter in head.parameters():  # every layer, the last one too (it starts at zero)
+        torch.nn.init.normal_(parameter)
     head.save(tmp_path)
     loaded = EnsembleHead.load(tmp_path, draft_hidden=8, target_hidden=12, draft_model="d")
+    assert head.state_dict().keys() == loaded.state_dict().keys()
+    assert all(torch.equal(value, loaded.state_dict()[key]) for key, value in head.state_dict().items())
     x, y = torch.randn(4, 8), torch.randn(4, 12)
     assert torch.equal(head(x, y), loaded(x, y))
+    assert not torch.allclose(loaded(x, y), EnsembleHead(head.config)(x, y))  # not the untrained head's w
     with pytest.raises(ValueError, match="target hidden size"):
         EnsembleHead.load(tmp_path, target_hidden=1536)
     with pytest.raises(ValueError, match="draft model"):
