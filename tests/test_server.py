@@ -279,11 +279,19 @@ def test_models_health_and_metrics(server):
     assert [m.id for m in client(url).models.list()] == ["tiny-target"]
     status, body = _raw(url, "GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
-    for weight in (0.5, 0.25):
-        client(url).completions.create(model="tiny-target", prompt="t6 t6", max_tokens=8, temperature=0,
-                                       extra_body={"verification": f"static:{weight}"})
-    status, text = _raw(url, "GET", "/metrics")
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def scrape() -> dict:
+        return {f.name: f for f in text_string_to_metric_families(_raw(url, "GET", "/metrics")[1])}
+
+    def total(families: dict, name: str, **labels) -> float:
+        return sum(s.value for s in families[name].samples
+                   if s.name.endswith("_total") and labels.items() <= s.labels.items())
+
+    before = scrape()
+    replies = [client(url).completions.create(model="tiny-target", prompt="t6 t6", max_tokens=8, temperature=0,
+                                              extra_body={"verification": f"static:{weight}"})
+               for weight in (0.5, 0.25)]
+    families = scrape()
     for name in ("diversed:num_requests_running", "diversed:num_requests_waiting", "diversed:generation_tokens",
                  "diversed:time_to_first_token_seconds", "diversed:inter_token_latency_seconds",
                  "diversed:spec_decode_num_drafts", "diversed:spec_decode_num_draft_tokens",
@@ -292,8 +300,14 @@ def test_models_health_and_metrics(server):
     drafted = {s.labels["verification"]: s.value for s in families["diversed:spec_decode_num_draft_tokens"].samples
                if s.name.endswith("_total")}
     assert drafted["static"] > 0 and not any(label.startswith("static:") for label in drafted)  # none per weight
-    generated = [s.value for s in families["diversed:generation_tokens"].samples if s.name.endswith("_total")]
-    assert generated[0] >= 8
+    # What these two requests added is exactly what their replies report.
+    for name, labels, reported in (
+            ("diversed:generation_tokens", {}, sum(r.usage.completion_tokens for r in replies)),
+            ("diversed:spec_decode_num_draft_tokens", {"verification": "static"},
+             sum(r.model_extra["speculative"]["drafted"] for r in replies)),
+            ("diversed:spec_decode_num_accepted_tokens", {"verification": "static"},
+             sum(r.model_extra["speculative"]["accepted"] for r in replies))):
+        assert total(families, name, **labels) - total(before, name, **labels) == reported > 0, name
 
 
 def test_a_full_queue_gets_503_and_a_disconnect_frees_the_row(pair):
