@@ -162,7 +162,7 @@ def test_metrics_add_up(target, draft):
         assert s.accepted <= s.drafted <= 3 * s.target_forwards  # the last rounds may draft fewer
         assert s.new_tokens <= s.accepted + s.target_forwards  # each round emits kept drafts + one token
         assert d["tau"] == s.new_tokens / s.target_forwards
-        assert s.reached[0] == s.target_forwards and s.kept[0] >= s.reached[1]  # equal but for a short last round
+        assert s.reached[0] == s.target_forwards  # every round drafts at least one token
     total = out.summary()
     assert total["drafted"] == sum(s.drafted for s in out.stats)
     assert total["acceptance_rate"] == total["accepted"] / total["drafted"]
@@ -249,9 +249,10 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
 
 def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, requested):
     unsure_draft = tiny_model(5, hidden=32)  # random logits: every drafted token is below the cut-off
-    decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY, draft_length=DraftLength(5, confidence=0.9),
-           max_new_tokens=10)
-    # A round writes at most 2 tokens here, so the first three rounds are not cut by the tokens still needed.
+    out = decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY,
+                 draft_length=DraftLength(5, confidence=0.9), max_new_tokens=10)
+    assert all(s.drafted == s.target_forwards for s in out.stats)  # the cut-off stops each round after 1 draft
+    # So a round writes at most 2 tokens, and the first three rounds are not cut by the tokens still needed.
     assert requested[:3] == [5, 5, 5] and max(requested) == 5
 
 
