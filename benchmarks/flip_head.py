@@ -5,7 +5,8 @@ flip_harm.py labels every flip of the target's right greedy completions as harmf
 labels on train-split problems train a head of the package's own form (EnsembleHead: w from both models'
 last hidden states) by logistic regression: w is fitted to P(harmful | hidden states) at the flipped
 position, with an L2 penalty chosen by cross-validation that holds out whole problems (their flips are not
-independent). The fitted head is then read on the held-out test-split flips, in the same table as the RL
+independent; the report also gives the nested cross-validated AUC, penalty choice included, and its
+learning curve). The fitted head is then read on the held-out test-split flips, in the same table as the RL
 heads (flip_harm.report): AUC of w for harm with intervals over problems. Only the ranking matters; where
 the head is strict or lenient overall is the dial's job (`@+k`), set later on an evaluation.
 
