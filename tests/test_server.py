@@ -198,6 +198,17 @@ def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_method
     assert labels == ["diversed:flat@+1", "diversed:other@+1", "diversed:flat"]
 
 
+def test_a_sampled_request_with_a_seed_is_reproducible(server):
+    url, _ = server
+
+    def text(seed: int) -> str:
+        return client(url).completions.create(model="tiny-target", prompt="t5 t6", max_tokens=24, temperature=1.0,
+                                              seed=seed, extra_body={"verification": "static:0.5"}).choices[0].text
+
+    assert text(7) == text(7)
+    assert len({text(seed) for seed in (7, 8, 9, 10)}) > 1  # the seed is what fixes it
+
+
 def test_relaxed_rules_keep_more_drafts_than_exact():
     """On a pair that disagrees (the toy pair leans to different tokens), in one server."""
     with serving(toy_pair()) as (url, _):
