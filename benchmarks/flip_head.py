@@ -88,20 +88,20 @@ def problem_folds(problem: np.ndarray) -> np.ndarray:
     return np.array([fold_of[p] for p in problem])
 
 
+def held_out_auc(config: HeadConfig, h_draft, h_target, harmful, test: torch.Tensor, penalty: float) -> float:
+    """Fit on the flips outside `test` (a mask), and the AUC of that head's w for harm on the flips inside."""
+    head = fit(config, h_draft[~test], h_target[~test], harmful[~test], penalty)
+    with torch.no_grad():
+        w = head(h_draft[test], h_target[test]).numpy()
+    return auc(w, harmful[test].numpy().astype(bool))
+
+
 def cross_validate(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarray) -> dict[float, float]:
     """Mean held-out AUC of each penalty over FOLDS folds of whole problems (the same folds for each)."""
     fold = problem_folds(problem)
-    scores = {}
-    for penalty in PENALTIES:
-        aucs = []
-        for k in range(FOLDS):
-            test = torch.from_numpy(fold == k)
-            head = fit(config, h_draft[~test], h_target[~test], harmful[~test], penalty)
-            with torch.no_grad():
-                w = head(h_draft[test], h_target[test]).numpy()
-            aucs.append(auc(w, harmful[test].numpy().astype(bool)))
-        scores[penalty] = float(np.mean(aucs))
-    return scores
+    return {penalty: float(np.mean([held_out_auc(config, h_draft, h_target, harmful, torch.from_numpy(fold == k),
+                                                 penalty) for k in range(FOLDS)]))
+            for penalty in PENALTIES}
 
 
 def nested_auc(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarray) -> tuple[float, list[float]]:
@@ -111,13 +111,9 @@ def nested_auc(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarr
     fold = problem_folds(problem)
     aucs = []
     for k in range(FOLDS):
-        test = fold == k
-        rest = torch.from_numpy(~test)
-        inner = cross_validate(config, h_draft[rest], h_target[rest], harmful[rest], problem[~test])
-        head = fit(config, h_draft[rest], h_target[rest], harmful[rest], max(inner, key=inner.get))
-        with torch.no_grad():
-            w = head(h_draft[~rest], h_target[~rest]).numpy()
-        aucs.append(auc(w, harmful[~rest].numpy().astype(bool)))
+        test = torch.from_numpy(fold == k)
+        inner = cross_validate(config, h_draft[~test], h_target[~test], harmful[~test], problem[fold != k])
+        aucs.append(held_out_auc(config, h_draft, h_target, harmful, test, max(inner, key=inner.get)))
     return float(np.mean(aucs)), aucs
 
 
