@@ -16,9 +16,9 @@ from diversed.decoding.schedule import DraftLength
 from tiny import perturbed, tiny_model
 
 GREEDY = Sampling(0)
-PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [8, 8, 4, 6]]
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [8, 8, 4, 6], [6, 2, 8, 3]]
 METHODS = [Method("exact"), Method("static", weight=0.4), Method("lossy", lenience=0.5), Method("auto"),
-           Method("cascade-opt", alpha=0.2)]
+           Method("cascade-opt", alpha=0.2), Method("typical")]
 
 
 @pytest.fixture(scope="module")

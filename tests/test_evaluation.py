@@ -318,6 +318,25 @@ def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
     assert cut == free[:len(cut)] and len(cut) < len(free) and stats.new_tokens == len(cut)
 
 
+def test_the_peer_writes_the_targets_greedy_text_and_its_ensemble_weight_acts(pair):
+    """hf-exact at T = 0 writes what the target writes alone (transformers' own greedy generate); hf-static
+    with w near 0 keeps the drafts the target refuses, and its text is the draft's favoured words."""
+    import torch
+
+    from diversed.decoding.sampling import Sampling
+    from diversed.evaluation.peer import assisted_generate
+
+    prompt = pair.tokenizer.encode("t3 t9 t15")
+    ids = torch.tensor([prompt])
+    alone = pair.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                       eos_token_id=pair.eos_token_ids, pad_token_id=pair.tokenizer.pad_token_id)
+    exact, exact_stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12)
+    lenient, lenient_stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12, weight=0.05)
+    assert exact == alone[0, len(prompt):].tolist() and len(exact) == 12
+    assert exact_stats.accepted < lenient_stats.accepted <= lenient_stats.drafted
+    assert share_of_draft_tokens(pair.tokenizer.decode(lenient)) > share_of_draft_tokens(pair.tokenizer.decode(exact))
+
+
 def test_paired_comparisons_with_bootstrap_intervals(complete):
     out, summaries = complete
     by_method = {s["method"]: s for s in summaries}
