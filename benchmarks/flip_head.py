@@ -10,6 +10,11 @@ learning curve). The fitted head is then read on the held-out test-split flips, 
 heads (flip_harm.report): AUC of w for harm with intervals over problems. Only the ranking matters; where
 the head is strict or lenient overall is the dial's job (`@+k`), set later on an evaluation.
 
+Whether the limit is the hidden states': the report also compares, under one plain logistic regression and
+the same nested cross-validation, the hidden states with scalars any rule could read (TV, the target's
+confidence, the position, the kind of token) and with both; and for each, the problems a rule keeping half
+the flips by its score would leave with a harmful one.
+
 The inputs at each flip are recomputed from the completion's tokens (one teacher-forced pass of both
 models a problem) and cached in each flips folder (features.safetensors, not committed).
 
@@ -20,6 +25,8 @@ models a problem) and cached in each flips folder (features.safetensors, not com
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +35,19 @@ from flip_harm import TEMPERATURE, auc, read_records, report
 from safetensors.torch import load_file, save_file
 
 from diversed.decoding.sampling import Sampling
-from diversed.evaluation.head_weights import score_completions
+from diversed.evaluation.head_weights import KINDS, score_completions
 from diversed.head.model import ARCHITECTURES, EnsembleHead, HeadConfig
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
 FEATURES_FILE = "features.safetensors"
-PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # L2 on the head's weights, against the mean log loss
+PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # L2 on the weights, against the mean log loss
 FOLDS, STEPS, SEED = 5, 300, 0
+KEEP = 0.5  # the share of flips a rule keeps in the "harm kept" comparison: about the bar's half of exact's rejections
+# What a rule could read at a flip without any hidden state: how far apart the models are, how sure the target is,
+# where the token is (early flips harm more), and the kind of token.
+SCALARS = ("TV(q, p)", "target's p(y_t)", "log(1 + position)", "position / length", *(f"kind: {k}" for k in KINDS))
 
 
 @torch.no_grad()
@@ -61,72 +72,139 @@ def flip_inputs(pair, task, folder: Path, records: list[dict]) -> tuple[torch.Te
                  for side in ("draft", "target"))
 
 
-def fit(config: HeadConfig, h_draft: torch.Tensor, h_target: torch.Tensor, harmful: torch.Tensor,
-        penalty: float) -> EnsembleHead:
-    """Logistic regression of harm on the head's inputs: mean log loss plus penalty times the squared
-    weights (not the bias), full batch, L-BFGS from the head's initial state (w = the harm rate)."""
-    torch.manual_seed(SEED)
-    head = EnsembleHead(config)
-    weights = [p for name, p in head.named_parameters() if name.endswith("weight")]
-    optimizer = torch.optim.LBFGS(head.parameters(), max_iter=STEPS, line_search_fn="strong_wolfe")
-
-    def loss() -> torch.Tensor:
-        optimizer.zero_grad()
-        w = head(h_draft, h_target).clamp(1e-6, 1 - 1e-6)
-        value = torch.nn.functional.binary_cross_entropy(w, harmful) + penalty * sum(p.square().sum() for p in weights)
-        value.backward()
-        return value
-
-    optimizer.step(loss)
-    return head
+def scalar_inputs(records: list[dict]) -> torch.Tensor:
+    """The SCALARS of every flip of the records [N, len(SCALARS)], in record and flip order."""
+    return torch.tensor([[f["tv"], f["p_target"], np.log1p(f["t"]), f["t"] / r["tokens"],
+                          *(f["kind"] == kind for kind in KINDS)] for r in records for f in r["flips"]],
+                        dtype=torch.float32)
 
 
-def problem_folds(problem: np.ndarray) -> np.ndarray:
-    """The fold (0 .. FOLDS - 1) of each flip: whole problems dealt round-robin in a seeded random order."""
-    problems = np.unique(problem)
+class Logistic(torch.nn.Module):
+    """w = sigmoid(a . x + b) on inputs standardised by the flips it is fitted on: plain logistic regression,
+    to compare sets of inputs under one model (the package's head normalises each model's hidden state)."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", features.mean(0))
+        self.register_buffer("spread", features.std(0) + 1e-6)  # a constant column (a kind never seen) stays 0
+        self.linear = torch.nn.Linear(features.shape[1], 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.linear((features - self.mean) / self.spread).squeeze(-1))
+
+
+@dataclass
+class Recipe:
+    """A model and the inputs it reads at each flip (tensors with a row a flip): what is cross-validated.
+    make builds an unfitted model from the training flips' inputs."""
+
+    make: Callable[..., torch.nn.Module]
+    inputs: tuple[torch.Tensor, ...]
+
+    def fit(self, train: np.ndarray, harmful: torch.Tensor, penalty: float) -> torch.nn.Module:
+        """Logistic regression of harm on the training flips' inputs: mean log loss plus penalty times the
+        squared weights (not the biases), full batch, L-BFGS from the seeded initial state."""
+        inputs = [x[train] for x in self.inputs]
+        torch.manual_seed(SEED)
+        model = self.make(*inputs)
+        weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
+        optimizer = torch.optim.LBFGS(model.parameters(), max_iter=STEPS, line_search_fn="strong_wolfe")
+
+        def loss() -> torch.Tensor:
+            optimizer.zero_grad()
+            w = model(*inputs).clamp(1e-6, 1 - 1e-6)
+            value = (torch.nn.functional.binary_cross_entropy(w, harmful[train])
+                     + penalty * sum(p.square().sum() for p in weights))
+            value.backward()
+            return value
+
+        optimizer.step(loss)
+        return model
+
+    def held_out(self, train: np.ndarray, test: np.ndarray, harmful: torch.Tensor, penalty: float) -> np.ndarray:
+        """Fit on the `train` flips (a mask) and return the fitted model's w on the `test` flips."""
+        model = self.fit(train, harmful, penalty)
+        with torch.no_grad():
+            return model(*(x[test] for x in self.inputs)).numpy()
+
+
+def problem_folds(problem: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The fold (0 .. FOLDS - 1) of each flip `within` (a mask; -1 outside): whole problems dealt round-robin
+    in a seeded random order."""
+    problems = np.unique(problem[within])
     fold_of = {p: i % FOLDS for i, p in enumerate(np.random.default_rng(SEED).permutation(problems))}
-    return np.array([fold_of[p] for p in problem])
+    return np.array([fold_of[p] if inside else -1 for p, inside in zip(problem, within, strict=True)])
 
 
-def held_out_auc(config: HeadConfig, h_draft, h_target, harmful, test: torch.Tensor, penalty: float) -> float:
-    """Fit on the flips outside `test` (a mask), and the AUC of that head's w for harm on the flips inside."""
-    head = fit(config, h_draft[~test], h_target[~test], harmful[~test], penalty)
-    with torch.no_grad():
-        w = head(h_draft[test], h_target[test]).numpy()
-    return auc(w, harmful[test].numpy().astype(bool))
-
-
-def cross_validate(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarray) -> dict[float, float]:
-    """Mean held-out AUC of each penalty over FOLDS folds of whole problems (the same folds for each)."""
-    fold = problem_folds(problem)
-    return {penalty: float(np.mean([held_out_auc(config, h_draft, h_target, harmful, torch.from_numpy(fold == k),
-                                                 penalty) for k in range(FOLDS)]))
+def cross_validate(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray,
+                   within: np.ndarray) -> dict[float, float]:
+    """Mean held-out AUC of each penalty over FOLDS folds of the whole problems `within` (the same folds for
+    each)."""
+    fold = problem_folds(problem, within)
+    labels = harmful.numpy().astype(bool)
+    return {penalty: float(np.mean([auc(recipe.held_out(within & (fold != k), fold == k, harmful, penalty),
+                                        labels[fold == k]) for k in range(FOLDS)]))
             for penalty in PENALTIES}
 
 
-def nested_auc(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarray) -> tuple[float, list[float]]:
-    """The held-out AUC of the whole recipe, penalty choice included: in each outer fold the penalty is
-    chosen by cross-validation on the other folds' problems alone, then the head fitted there is read on
-    the fold. Unlike the best of cross_validate's scores, nothing read here helped choose. Mean and folds."""
-    fold = problem_folds(problem)
-    aucs = []
+def nested(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray,
+           within: np.ndarray) -> tuple[list[float], np.ndarray]:
+    """The held-out reading of the whole recipe, penalty choice included: in each outer fold the penalty is
+    chosen by cross-validation on the other folds' problems alone, then the model fitted there is read on the
+    fold. Unlike the best of cross_validate's scores, nothing read here helped choose. The folds' AUCs, and
+    each flip's out-of-fold w (NaN outside `within`)."""
+    fold = problem_folds(problem, within)
+    labels = harmful.numpy().astype(bool)
+    aucs, w = [], np.full(len(problem), np.nan)
     for k in range(FOLDS):
-        test = torch.from_numpy(fold == k)
-        inner = cross_validate(config, h_draft[~test], h_target[~test], harmful[~test], problem[fold != k])
-        aucs.append(held_out_auc(config, h_draft, h_target, harmful, test, max(inner, key=inner.get)))
-    return float(np.mean(aucs)), aucs
+        test, train = fold == k, within & (fold != k)
+        inner = cross_validate(recipe, harmful, problem, train)
+        w[test] = recipe.held_out(train, test, harmful, max(inner, key=inner.get))
+        aucs.append(auc(w[test], labels[test]))
+    return aucs, w
 
 
-def learning_curve(config: HeadConfig, h_draft, h_target, harmful, problem: np.ndarray) -> dict[int, float]:
+def learning_curve(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray) -> dict[int, float]:
     """The nested cross-validated AUC from the first quarter, half, three quarters and all of the train
     problems (in order), each of at least 3 problems a fold: whether more labels still raise it. Noisy: a
     fold holds a handful of harmful flips."""
     count = int(problem.max()) + 1
-    curve = {}
-    for n in sorted({count * k // 4 for k in (1, 2, 3, 4)} - set(range(3 * FOLDS))):
-        first = torch.from_numpy(problem < n)
-        curve[n] = nested_auc(config, h_draft[first], h_target[first], harmful[first], problem[problem < n])[0]
-    return curve
+    return {n: float(np.mean(nested(recipe, harmful, problem, problem < n)[0]))
+            for n in sorted({count * k // 4 for k in (1, 2, 3, 4)} - set(range(3 * FOLDS)))}
+
+
+def harm_kept(w: np.ndarray, harmful: np.ndarray, problem: np.ndarray) -> float:
+    """The share of problems left with a harmful flip among those kept when, in each fold of problems, the
+    KEEP share of its flips with the lowest w are kept (the rule accepts the draft there): roughly the
+    problems such a rule would turn wrong (each flip's harm was measured alone)."""
+    fold = problem_folds(problem, np.ones(len(problem), dtype=bool))
+    kept = np.zeros(len(w), dtype=bool)
+    for k in range(FOLDS):
+        inside = np.flatnonzero(fold == k)
+        kept[inside[np.argsort(w[inside], kind="stable")[:round(KEEP * len(inside))]]] = True
+    return float(np.mean([(kept & harmful)[problem == p].any() for p in np.unique(problem)]))
+
+
+def compare_inputs(records: list[dict], h_draft, h_target, harmful: torch.Tensor, problem: np.ndarray) -> str:
+    """Plain logistic regression (Logistic) on three sets of inputs, read by nested cross-validation over
+    whole problems: the SCALARS, the two hidden states, and both; and for each, the problems a rule that kept
+    half the flips by its w would leave with a harmful flip, against keeping half at random (seeded)."""
+    scalars, hidden = scalar_inputs(records), torch.cat([h_draft, h_target], dim=-1)
+    labels = harmful.numpy().astype(bool)
+    everything = np.ones(len(problem), dtype=bool)
+    rng = np.random.default_rng(SEED)
+    random_keep = np.mean([harm_kept(rng.random(len(problem)), labels, problem) for _ in range(200)])
+    lines = ["| inputs (plain logistic regression) | nested CV AUC (folds) | problems left with a harmful flip "
+             f"when {KEEP:.0%} of flips are kept by w |", "|---|---|---|",
+             f"| none (half kept at random, mean of 200 draws) | 0.5 | {random_keep:.0%} |"]
+    for name, inputs in (("scalars: " + ", ".join(SCALARS[:4]) + ", kind", scalars),
+                         ("both last hidden states", hidden), ("both", torch.cat([scalars, hidden], dim=-1))):
+        aucs, w = nested(Recipe(Logistic, (inputs,)), harmful, problem, everything)
+        lines.append(f"| {name} | {np.mean(aucs):.3f} ({', '.join(f'{a:.2f}' for a in aucs)}) | "
+                     f"{harm_kept(w, labels, problem):.0%} |")
+    known = harm_kept(labels.astype(float), labels, problem)
+    lines.append(f"| (labels known: harmless flips kept first) | 1 | {known:.0%} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -151,12 +229,15 @@ def main() -> None:
                         training={"method": "logistic regression on flip labels (benchmarks/flip_head.py)",
                                   "task": task.name, "temperature": TEMPERATURE, "problems": len(train),
                                   "flips": len(harmful), "harmful": int(harmful.sum())})
-    scores = cross_validate(config, h_draft, h_target, harmful, problem)
+    recipe = Recipe(lambda *_: EnsembleHead(config), (h_draft, h_target))
+    everything = np.ones(len(problem), dtype=bool)
+    scores = cross_validate(recipe, harmful, problem, everything)
     penalty = max(scores, key=scores.get)
-    nested, nested_folds = nested_auc(config, h_draft, h_target, harmful, problem)
-    curve = learning_curve(config, h_draft, h_target, harmful, problem)
-    config.training |= {"penalty": penalty, "cross_validated_auc": scores, "nested_cross_validated_auc": nested}
-    head = fit(config, h_draft, h_target, harmful, penalty)
+    nested_folds = nested(recipe, harmful, problem, everything)[0]
+    curve = learning_curve(recipe, harmful, problem)
+    config.training |= {"penalty": penalty, "cross_validated_auc": scores,
+                        "nested_cross_validated_auc": float(np.mean(nested_folds))}
+    head = recipe.fit(everything, harmful, penalty)
     head.save(args.out)
     test_draft, test_target = flip_inputs(pair, task, args.heldout, heldout)
     with torch.no_grad():
@@ -166,10 +247,12 @@ def main() -> None:
     text = (f"Trained on {len(train)} solved train problems ({len(harmful)} flips, {int(harmful.sum())} harmful), "
             f"{args.architecture}, L2 penalty {penalty} (cross-validated AUC by penalty: "
             + ", ".join(f"{p:g}: {s:.3f}" for p, s in scores.items()) + "). Nested cross-validation (the penalty "
-            f"chosen inside each fold's training problems): AUC {nested:.3f} (folds "
+            f"chosen inside each fold's training problems): AUC {np.mean(nested_folds):.3f} (folds "
             + ", ".join(f"{a:.3f}" for a in nested_folds) + "). Learning curve (nested AUC from the first n solved "
             "problems): " + ", ".join(f"{n}: {a:.3f}" for n, a in curve.items())
-            + ".\n\nHeld out (the solved test problems whose completion tokens are recorded):\n\n" + report(heldout))
+            + ".\n\nOther inputs, on the same train flips and folds:\n\n"
+            + compare_inputs(train, h_draft, h_target, harmful, problem)
+            + "\n\nHeld out (the solved test problems whose completion tokens are recorded):\n\n" + report(heldout))
     (args.out / "heldout.md").write_text(text + "\n")
     print(text)
 
