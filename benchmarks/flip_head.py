@@ -101,7 +101,7 @@ class Recipe:
     make: Callable[..., torch.nn.Module]
     inputs: tuple[torch.Tensor, ...]
 
-    def fit(self, train: np.ndarray, harmful: torch.Tensor, penalty: float) -> torch.nn.Module:
+    def fit(self, train: np.ndarray, harmful: np.ndarray, penalty: float) -> torch.nn.Module:
         """Logistic regression of harm on the training flips' inputs: mean log loss plus penalty times the
         squared weights (not the biases), full batch, L-BFGS from the seeded initial state."""
         inputs = [x[train] for x in self.inputs]
@@ -109,11 +109,12 @@ class Recipe:
         model = self.make(*inputs)
         weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
         optimizer = torch.optim.LBFGS(model.parameters(), max_iter=STEPS, line_search_fn="strong_wolfe")
+        target = torch.from_numpy(harmful[train]).float()
 
         def loss() -> torch.Tensor:
             optimizer.zero_grad()
             w = model(*inputs).clamp(1e-6, 1 - 1e-6)
-            value = (torch.nn.functional.binary_cross_entropy(w, harmful[train])
+            value = (torch.nn.functional.binary_cross_entropy(w, target)
                      + penalty * sum(p.square().sum() for p in weights))
             value.backward()
             return value
@@ -121,7 +122,7 @@ class Recipe:
         optimizer.step(loss)
         return model
 
-    def held_out(self, train: np.ndarray, test: np.ndarray, harmful: torch.Tensor, penalty: float) -> np.ndarray:
+    def held_out(self, train: np.ndarray, test: np.ndarray, harmful: np.ndarray, penalty: float) -> np.ndarray:
         """Fit on the `train` flips (a mask) and return the fitted model's w on the `test` flips."""
         model = self.fit(train, harmful, penalty)
         with torch.no_grad():
@@ -136,35 +137,33 @@ def problem_folds(problem: np.ndarray, within: np.ndarray) -> np.ndarray:
     return np.array([fold_of[p] if inside else -1 for p, inside in zip(problem, within, strict=True)])
 
 
-def cross_validate(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray,
+def cross_validate(recipe: Recipe, harmful: np.ndarray, problem: np.ndarray,
                    within: np.ndarray) -> dict[float, float]:
     """Mean held-out AUC of each penalty over FOLDS folds of the whole problems `within` (the same folds for
     each)."""
     fold = problem_folds(problem, within)
-    labels = harmful.numpy().astype(bool)
     return {penalty: float(np.mean([auc(recipe.held_out(within & (fold != k), fold == k, harmful, penalty),
-                                        labels[fold == k]) for k in range(FOLDS)]))
+                                        harmful[fold == k]) for k in range(FOLDS)]))
             for penalty in PENALTIES}
 
 
-def nested(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray,
+def nested(recipe: Recipe, harmful: np.ndarray, problem: np.ndarray,
            within: np.ndarray) -> tuple[list[float], np.ndarray]:
     """The held-out reading of the whole recipe, penalty choice included: in each outer fold the penalty is
     chosen by cross-validation on the other folds' problems alone, then the model fitted there is read on the
     fold. Unlike the best of cross_validate's scores, nothing read here helped choose. The folds' AUCs, and
     each flip's out-of-fold w (NaN outside `within`)."""
     fold = problem_folds(problem, within)
-    labels = harmful.numpy().astype(bool)
     aucs, w = [], np.full(len(problem), np.nan)
     for k in range(FOLDS):
         test, train = fold == k, within & (fold != k)
         inner = cross_validate(recipe, harmful, problem, train)
         w[test] = recipe.held_out(train, test, harmful, max(inner, key=inner.get))
-        aucs.append(auc(w[test], labels[test]))
+        aucs.append(auc(w[test], harmful[test]))
     return aucs, w
 
 
-def learning_curve(recipe: Recipe, harmful: torch.Tensor, problem: np.ndarray) -> dict[int, float]:
+def learning_curve(recipe: Recipe, harmful: np.ndarray, problem: np.ndarray) -> dict[int, float]:
     """The nested cross-validated AUC from the first quarter, half, three quarters and all of the train
     problems (in order), each of at least 3 problems a fold: whether more labels still raise it. Noisy: a
     fold holds a handful of harmful flips."""
@@ -185,15 +184,14 @@ def harm_kept(w: np.ndarray, harmful: np.ndarray, problem: np.ndarray) -> float:
     return float(np.mean([(kept & harmful)[problem == p].any() for p in np.unique(problem)]))
 
 
-def compare_inputs(records: list[dict], h_draft, h_target, harmful: torch.Tensor, problem: np.ndarray) -> str:
+def compare_inputs(records: list[dict], h_draft, h_target, harmful: np.ndarray, problem: np.ndarray) -> str:
     """Plain logistic regression (Logistic) on three sets of inputs, read by nested cross-validation over
     whole problems: the SCALARS, the two hidden states, and both; and for each, the problems a rule that kept
     half the flips by its w would leave with a harmful flip, against keeping half at random (seeded)."""
     scalars, hidden = scalar_inputs(records), torch.cat([h_draft, h_target], dim=-1)
-    labels = harmful.numpy().astype(bool)
     everything = np.ones(len(problem), dtype=bool)
     rng = np.random.default_rng(SEED)
-    random_keep = np.mean([harm_kept(rng.random(len(problem)), labels, problem) for _ in range(200)])
+    random_keep = np.mean([harm_kept(rng.random(len(problem)), harmful, problem) for _ in range(200)])
     lines = ["| inputs (plain logistic regression) | nested CV AUC (folds) | problems left with a harmful flip "
              f"when {KEEP:.0%} of flips are kept by w |", "|---|---|---|",
              f"| none (half kept at random, mean of 200 draws) | 0.5 | {random_keep:.0%} |"]
@@ -201,8 +199,8 @@ def compare_inputs(records: list[dict], h_draft, h_target, harmful: torch.Tensor
                          ("both last hidden states", hidden), ("both", torch.cat([scalars, hidden], dim=-1))):
         aucs, w = nested(Recipe(Logistic, (inputs,)), harmful, problem, everything)
         lines.append(f"| {name} | {np.mean(aucs):.3f} ({', '.join(f'{a:.2f}' for a in aucs)}) | "
-                     f"{harm_kept(w, labels, problem):.0%} |")
-    known = harm_kept(labels.astype(float), labels, problem)
+                     f"{harm_kept(w, harmful, problem):.0%} |")
+    known = harm_kept(harmful.astype(float), harmful, problem)
     lines.append(f"| (labels known: harmless flips kept first) | 1 | {known:.0%} |")
     return "\n".join(lines)
 
@@ -221,10 +219,10 @@ def main() -> None:
     heldout = [r for r in read_records(args.heldout) if r["right"] and "completion" in r]
     task, pair = get_task(args.task), load_pair()
     h_draft, h_target = flip_inputs(pair, task, args.train, train)
-    harmful = torch.tensor([f["harmful"] for r in train for f in r["flips"]], dtype=torch.float32)
+    harmful = np.array([f["harmful"] for r in train for f in r["flips"]], dtype=bool)
     problem = np.array([i for i, r in enumerate(train) for _ in r["flips"]])
     config = HeadConfig(pair.draft.hidden_size, pair.target.hidden_size, args.architecture,
-                        initial_weight=float(harmful.mean()), draft_model=pair.draft_name,
+                        initial_weight=float(harmful.mean(dtype=np.float32)), draft_model=pair.draft_name,
                         target_model=pair.target_name,
                         training={"method": "logistic regression on flip labels (benchmarks/flip_head.py)",
                                   "task": task.name, "temperature": TEMPERATURE, "problems": len(train),
