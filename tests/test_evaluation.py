@@ -280,6 +280,9 @@ def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):
 def test_method_lists_are_checked():
     assert parse_methods("auto, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
         "auto", "exact", "static:0.7", "hf-static:0.5", "hf-exact", "diversed:gsm8k", "diversed"]
+    # one spelling per method, so that a resumed run or a report finds rows written under another
+    assert parse_methods(["static:.70", "lossy:1e-1", "hf-static:.5", "diversed:gsm8k@+1.0", "diversed:@-0.50"]) == [
+        "static:0.7", "lossy:0.1", "hf-static:0.5", "diversed:gsm8k@+1", "diversed:@-0.5"]
     for bad, message in (("exact,exact", "twice"), ("diversed:gsm8k@1,diversed:gsm8k@+1.0", "twice"),
                          ("diversed:gsm9k", "no head checkpoint"),
                          ("hf-static", "hf-static:W"), ("hf-static:1.5", "0 < W"),
@@ -295,6 +298,9 @@ def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair
     assert [s["method"] for s in summaries] == ["auto", "static:0.9"]
     methods = {r["method"] for r in rows(tmp_path)}
     assert methods == {*METHODS, "static:0.9"} and len(rows(tmp_path)) == 7 * (len(METHODS) + 1)
+    # The earlier rows are left byte for byte where they were: a committed file's diff is the added rows.
+    before = (out_complete / RESULTS_FILE).read_bytes()
+    assert (tmp_path / RESULTS_FILE).read_bytes().startswith(before)
 
 
 def test_duplicate_example_ids_are_refused(pair, tmp_path):

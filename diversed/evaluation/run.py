@@ -73,30 +73,36 @@ class EvalConfig:
 
 
 def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
-    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order. heads: check
-    that each diversed method's head is there (to run it; a report of its results needs none)."""
+    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order, each in its
+    canonical spelling ('static:.70' -> 'static:0.7', 'diversed:x@+1.0' -> 'diversed:x@+1'), so that a resumed
+    run or a report finds the rows whatever the spelling. heads: check that each diversed method's head is
+    there (to run it; a report of its results needs none)."""
     labels = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not labels:
         raise ValueError("no methods given")
-    canonical = []  # 'diversed:x@1' and 'diversed:x@+1.0' are one method
-    for label in labels:
-        name, _, value = label.partition(":")
-        canonical.append(label if name in PEERS else Method.parse(label).label)
-        if name in PEERS:
-            try:
-                weight = float(value) if value else None
-            except ValueError:
-                weight = -1.0
-            if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
-                raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
-        elif (method := Method.parse(label)).name == "dynamic":
-            raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as "
-                             "diversed:DIR")
-        elif method.name == "diversed" and heads:
-            head_folder(method.head)  # a missing head is found before the models load
+    canonical = [_canonical(label, heads) for label in labels]
     if len(set(canonical)) != len(canonical):
         raise ValueError(f"a method is listed twice in {labels}")
-    return labels
+    return canonical
+
+
+def _canonical(label: str, heads: bool) -> str:
+    """One method label checked and spelled canonically (see parse_methods)."""
+    name, _, value = label.partition(":")
+    if name in PEERS:
+        try:
+            weight = float(value) if value else None
+        except ValueError:
+            weight = -1.0
+        if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
+            raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
+        return name if weight is None else f"{name}:{weight}"
+    method = Method.parse(label)
+    if method.name == "dynamic":
+        raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as diversed:DIR")
+    if method.name == "diversed" and heads:
+        head_folder(method.head)  # a missing head is found before the models load
+    return method.label
 
 
 def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
@@ -175,7 +181,7 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
         raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
     check_writable(to, "the report")
     config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
-    rows = [r for path in _result_files(out_dir) for r in load_done_rows(path)]
+    rows = _unique([r for path in _result_files(out_dir) for r in load_done_rows(path)])
     present = list(dict.fromkeys(r["method"] for r in rows))
     if methods is not None:
         methods = parse_methods(methods, heads=False)
@@ -299,19 +305,37 @@ def _parse_row(line: bytes) -> dict | None:
 
 
 def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
-    """Gather all parts into results.jsonl, one row per (example, method), in example then method order.
-    Rows of methods not in this run (an earlier run's, when resuming with other methods) are kept too."""
-    unique = {(r["example"], r["method"]): r for path in _result_files(out_dir) for r in load_done_rows(path)}
+    """The rows of this run's examples and methods. A single process has appended them to results.jsonl as it
+    went, and the file stays as it is (rows in the order they ran; a resumed run adds at the end), so that
+    a committed evaluation's diff shows only the rows a run added. A distributed run's rank files are
+    appended to it here, in example then method order, and removed."""
+    main = out_dir / RESULTS_FILE
+    rows = load_done_rows(main, repair=True)
     order = {e.id: i for i, e in enumerate(examples)}
     rank = {m: i for i, m in enumerate(methods)}
-    rows = sorted(unique.values(), key=lambda r: (order.get(r["example"], len(order)), r["example"],
-                                                  rank.get(r["method"], len(rank)), r["method"]))
-    merged = out_dir / (RESULTS_FILE + ".tmp")
-    merged.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    merged.replace(out_dir / RESULTS_FILE)
-    for path in out_dir.glob("results.rank*.jsonl"):
-        path.unlink()
-    return [r for r in rows if r["method"] in rank and r["example"] in order]
+    if parts := sorted(out_dir.glob("results.rank*.jsonl")):
+        done = {(r["example"], r["method"]) for r in rows}
+        new = {(r["example"], r["method"]): r for path in parts for r in load_done_rows(path)}
+        new = sorted((r for key, r in new.items() if key not in done),
+                     key=lambda r: (order.get(r["example"], len(order)), r["example"],
+                                    rank.get(r["method"], len(rank)), r["method"]))
+        with open(main, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in new)
+            f.flush()
+            os.fsync(f.fileno())
+        for path in parts:
+            path.unlink()
+        rows += new
+    return [r for r in _unique(rows) if r["method"] in rank and r["example"] in order]
+
+
+def _unique(rows: list[dict]) -> list[dict]:
+    """The first row of each (example, method): a run killed between appending a rank's rows and removing
+    its file leaves them twice."""
+    first: dict[tuple, dict] = {}
+    for r in rows:
+        first.setdefault((r["example"], r["method"]), r)
+    return list(first.values())
 
 
 def _running_line(running: dict[str, list[dict]]) -> str:
