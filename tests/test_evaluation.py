@@ -301,6 +301,8 @@ def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair
     # The earlier rows are left byte for byte where they were: a committed file's diff is the added rows.
     before = (out_complete / RESULTS_FILE).read_bytes()
     assert (tmp_path / RESULTS_FILE).read_bytes().startswith(before)
+    # The folder's report is of every method in it, not only the resumed run's.
+    assert [s["method"] for s in json.loads((tmp_path / "summary.json").read_text())] == [*METHODS, "static:0.9"]
 
 
 def test_duplicate_example_ids_are_refused(pair, tmp_path):

@@ -107,8 +107,9 @@ def _canonical(label: str, heads: bool) -> str:
 
 def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
              resume: bool = False, progress: bool = True) -> list[dict]:
-    """Run every method on the task's examples and write results.jsonl, summary.{md,csv,json} and the plots
-    into out_dir. Returns the summaries (one per method); under torchrun, only rank 0 returns them."""
+    """Run every method on the task's examples and write results.jsonl, then the folder's report (report():
+    summary.{md,csv,json} and the plots, of every method in out_dir, earlier runs' too) into out_dir.
+    Returns this run's summaries (one per method); under torchrun, only rank 0 returns them."""
     out_dir = Path(out_dir)
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
     # corrected rerun would find an evaluation it has to --resume, with the refused settings.
@@ -158,10 +159,12 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     _barrier()
     if rank != 0:
         return []
-    rows = _merge(out_dir, examples, methods)
-    summaries = summarize_results(rows, methods)
-    write_summary(summaries, out_dir, task.metric, _header(config, f"{len(examples)} examples"))
-    plot_tradeoffs(summaries, out_dir, task.metric)
+    summaries = summarize_results(_merge(out_dir, examples, methods), methods)
+    try:  # the folder's report covers every method in it: a resume with other methods drops none of them
+        report(out_dir, task.metric)
+    except ValueError:  # the earlier methods share no example with this run's: report this run's alone
+        write_summary(summaries, out_dir, task.metric, _header(config, f"{len(examples)} examples"))
+        plot_tradeoffs(summaries, out_dir, task.metric)
     return summaries
 
 
