@@ -143,7 +143,8 @@ def test_pareto_front_points_lie_on_rejection_plus_bias_equals_tv(pair):
     ("lossy", {"lenience": 0.4}),
 ])
 def test_other_rules_do_not_cross_the_pareto_front(pair, rule, params):
-    """Proposition 1: any verifier with x ~ q has rejection + bias >= TV(q, p)."""
+    """Proposition 1: any verifier with x ~ q has rejection + bias >= TV(q, p). On the closed forms: test_verify
+    checks that verify()'s samples follow them (acceptance rate and first token's distribution, per rule)."""
     p, q = PAIRS[pair]
     rejection = 1 - float(acceptance_probability(rule, p, q, **params))
     if rule == "lossy":
