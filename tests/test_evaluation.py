@@ -305,6 +305,18 @@ def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair
     assert [s["method"] for s in json.loads((tmp_path / "summary.json").read_text())] == [*METHODS, "static:0.9"]
 
 
+def test_a_method_stopped_early_is_left_out_of_the_folders_report_not_the_others(complete, pair, task, tmp_path):
+    out_complete, _ = complete
+    shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
+    stopped = METHODS[-1]
+    kept = [r for r in rows(out_complete) if r["method"] != stopped or r["index"] < 2]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    evaluate(pair, task, ["static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
+    report = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["method"] for s in report] == [*METHODS[:-1], "static:0.9"]
+    assert all(s["examples"] == 7 for s in report)
+
+
 def test_duplicate_example_ids_are_refused(pair, tmp_path):
     class Twice(ToyTask):
         def examples(self, split="train", limit=None):
@@ -357,6 +369,28 @@ def test_paired_comparisons_with_bootstrap_intervals(complete):
     # w = 0.2 keeps far more drafts than exact: its rejection rate is a fraction of exact's.
     assert static["rejection_vs_exact_low"] <= static["rejection_vs_exact"] <= static["rejection_vs_exact_high"] < 1
     assert summarize_results(results, METHODS) == summaries  # the fixed seed makes the intervals repeatable
+
+
+def test_two_methods_compared_directly_agree_with_the_summarys_paired_columns(complete):
+    from diversed.evaluation.report import compare
+
+    out, summaries = complete
+    static = next(s for s in summaries if s["method"] == "static:0.2")
+    versus_auto, versus_exact = compare(rows(out), "static:0.2", "auto"), compare(rows(out), "static:0.2", "exact")
+    assert versus_auto["examples"] == versus_exact["examples"] == 7
+    assert versus_auto["quality_difference"] == (static["quality_vs_auto"], static["quality_vs_auto_low"],
+                                                 static["quality_vs_auto_high"])
+    assert versus_exact["rejection_ratio"] == (static["rejection_vs_exact"], static["rejection_vs_exact_low"],
+                                               static["rejection_vs_exact_high"])
+    assert versus_auto["rejection_ratio"] is None  # auto drafts nothing
+    assert versus_exact["acceptance"]["static:0.2"] == pytest.approx(static["acceptance_rate"])
+    some = [r for r in rows(out) if r["method"] != "exact" or r["index"] < 3]  # exact stopped after 3 examples
+    assert compare(some, "static:0.2", "exact")["examples"] == 3
+    with pytest.raises(ValueError, match="no results for: static:0.9"):
+        compare(rows(out), "static:0.2", "static:0.9")
+    apart = [r for r in rows(out) if (r["method"], r["index"] < 3) in (("static:0.2", True), ("exact", False))]
+    with pytest.raises(ValueError, match="no example in common"):
+        compare(apart, "static:0.2", "exact")
 
 
 def test_batched_evaluation_runs_every_method_on_every_example(pair, task, tmp_path):

@@ -86,6 +86,23 @@ def quality_by_reference_agreement(rows: Sequence[dict], methods: Sequence[str],
     return groups
 
 
+def compare(rows: Sequence[dict], method: str, other: str) -> dict:
+    """Two methods of an evaluation on the examples both finished, paired as summarize_results pairs each
+    method with auto and exact: `quality_difference` (method's mean reward minus other's) and `rejection_ratio`
+    (method's rejection rate over other's), each (estimate, low, high) with its 95% percentile-bootstrap
+    interval over examples (None where undefined), and each one's acceptance rate on those examples."""
+    by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in (method, other)}
+    if missing := [m for m, mine in by_method.items() if not mine]:
+        raise ValueError(f"no results for: {', '.join(missing)}")
+    shared = set(by_method[method]) & set(by_method[other])
+    if not shared:
+        raise ValueError(f"{method} and {other} have no example in common")
+    return {"examples": len(shared),
+            "quality_difference": _paired_bootstrap(by_method, partial(_quality_difference, method, [other])),
+            "rejection_ratio": _paired_bootstrap(by_method, partial(_rejection_ratio, method, [other])),
+            "acceptance": {m: _acceptance([mine[e] for e in shared]) for m, mine in by_method.items()}}
+
+
 def _quality_difference(method: str, others: list[str], rows: dict[str, list[dict]]) -> float:
     return _mean_reward(rows[method]) - _mean_reward(rows[others[0]])
 

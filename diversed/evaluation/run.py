@@ -108,8 +108,9 @@ def _canonical(label: str, heads: bool) -> str:
 def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
              resume: bool = False, progress: bool = True) -> list[dict]:
     """Run every method on the task's examples and write results.jsonl, then the folder's report (report():
-    summary.{md,csv,json} and the plots, of every method in out_dir, earlier runs' too) into out_dir.
-    Returns this run's summaries (one per method); under torchrun, only rank 0 returns them."""
+    summary.{md,csv,json} and the plots) into out_dir, of every method in it that has finished these examples,
+    earlier runs' too. Returns this run's summaries (one per method); under torchrun, only rank 0 returns
+    them."""
     out_dir = Path(out_dir)
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
     # corrected rerun would find an evaluation it has to --resume, with the refused settings.
@@ -160,11 +161,12 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     if rank != 0:
         return []
     summaries = summarize_results(_merge(out_dir, examples, methods), methods)
-    try:  # the folder's report covers every method in it: a resume with other methods drops none of them
-        report(out_dir, task.metric)
-    except ValueError:  # the earlier methods share no example with this run's: report this run's alone
-        write_summary(summaries, out_dir, task.metric, _header(config, f"{len(examples)} examples"))
-        plot_tradeoffs(summaries, out_dir, task.metric)
+    # The folder's report: every method in it that has finished these examples, earlier runs' too, so that a
+    # resume with other methods drops none of them (and one stopped early does not cut the others short).
+    ids, done = {e.id for e in examples}, {}
+    for r in _unique([r for path in _result_files(out_dir) for r in load_done_rows(path)]):
+        done.setdefault(r["method"], set()).add(r["example"])
+    report(out_dir, task.metric, [m for m, finished in done.items() if ids <= finished])
     return summaries
 
 
