@@ -160,14 +160,14 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     _barrier()
     if rank != 0:
         return []
-    summaries = summarize_results(_merge(out_dir, examples, methods), methods)
+    everything, ids = _merge(out_dir, examples, methods), {e.id for e in examples}
     # The folder's report: every method in it that has finished these examples, earlier runs' too, so that a
     # resume with other methods drops none of them (and one stopped early does not cut the others short).
-    ids, done = {e.id for e in examples}, {}
-    for r in _unique([r for path in _result_files(out_dir) for r in load_done_rows(path)]):
+    done: dict[str, set[str]] = {}
+    for r in everything:
         done.setdefault(r["method"], set()).add(r["example"])
     report(out_dir, task.metric, [m for m, finished in done.items() if ids <= finished])
-    return summaries
+    return summarize_results([r for r in everything if r["method"] in methods and r["example"] in ids], methods)
 
 
 def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = None,
@@ -310,15 +310,15 @@ def _parse_row(line: bytes) -> dict | None:
 
 
 def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
-    """The rows of this run's examples and methods. A single process has appended them to results.jsonl as it
-    went, and the file stays as it is (rows in the order they ran; a resumed run adds at the end), so that
-    a committed evaluation's diff shows only the rows a run added. A distributed run's rank files are
-    appended to it here, in example then method order, and removed."""
+    """Every row of the folder, once each. A single process has appended its rows to results.jsonl as it went,
+    and the file stays as it is (rows in the order they ran; a resumed run adds at the end), so that a
+    committed evaluation's diff shows only the rows a run added. A distributed run's rank files are appended
+    to it here, in example then method order, and removed."""
     main = out_dir / RESULTS_FILE
     rows = load_done_rows(main, repair=True)
-    order = {e.id: i for i, e in enumerate(examples)}
-    rank = {m: i for i, m in enumerate(methods)}
     if parts := sorted(out_dir.glob("results.rank*.jsonl")):
+        order = {e.id: i for i, e in enumerate(examples)}
+        rank = {m: i for i, m in enumerate(methods)}
         done = {(r["example"], r["method"]) for r in rows}
         new = {(r["example"], r["method"]): r for path in parts for r in load_done_rows(path)}
         new = sorted((r for key, r in new.items() if key not in done),
@@ -331,7 +331,7 @@ def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
         for path in parts:
             path.unlink()
         rows += new
-    return [r for r in _unique(rows) if r["method"] in rank and r["example"] in order]
+    return _unique(rows)
 
 
 def _unique(rows: list[dict]) -> list[dict]:
