@@ -12,15 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from diversed.evaluation.report import compare
+from diversed.evaluation.report import compare, format_difference, format_ratio
 from diversed.evaluation.run import RESULTS_FILE, load_done_rows, parse_methods
-
-
-def _interval(value: tuple[float, float, float] | None, scale: float, digits: int, sign: str) -> str:
-    if value is None:
-        return "-"
-    estimate, low, high = (scale * v for v in value)
-    return f"{estimate:{sign}.{digits}f} ({low:{sign}.{digits}f} to {high:{sign}.{digits}f})"
 
 
 def main() -> None:
@@ -36,8 +29,7 @@ def main() -> None:
     print(f"{method} against {other}, paired on the {result['examples']} problems both finished:\n")
     print("| quality difference, points (95% CI) | rejections, ratio (95% CI) | acceptance | acceptance of the other |")
     print("|---|---|---|---|")
-    print(f"| {_interval(result['quality_difference'], 100, 1, '+')} | "
-          f"{_interval(result['rejection_ratio'], 1, 2, '')} | "
+    print(f"| {format_difference(result['quality_difference'])} | {format_ratio(result['rejection_ratio'])} | "
           + " | ".join("-" if acceptance[m] is None else f"{acceptance[m]:.1%}" for m in (method, other)) + " |")
 
 

@@ -190,18 +190,29 @@ def markdown_table(summaries: Sequence[dict], metric: str) -> str:
              "| vs static curve (95% CI) | tau | tokens/s | speedup | mean tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        vs_auto, vs_static = (
-            "-" if s[key] is None else
-            f"{100 * s[key]:+.1f} ({100 * s[key + '_low']:+.1f} to {100 * s[key + '_high']:+.1f})"
-            for key in ("quality_vs_auto", "quality_vs_static"))
-        vs_exact = "-" if s["rejection_vs_exact"] is None else (
-            f"{s['rejection_vs_exact']:.2f} ({s['rejection_vs_exact_low']:.2f}-{s['rejection_vs_exact_high']:.2f})")
+        vs_auto, vs_static = (format_difference(_paired(s, key)) for key in ("quality_vs_auto", "quality_vs_static"))
+        vs_exact = format_ratio(_paired(s, "rejection_vs_exact"))
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
             f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
             f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {_number(s['tau'])} | "
             f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
     return "\n".join(lines)
+
+
+def format_difference(value: tuple[float, float, float] | None) -> str:
+    """A paired difference in quality, (estimate, low, high) as fractions, in points: '+2.4 (-2.2 to +7.1)'."""
+    return "-" if value is None else "{:+.1f} ({:+.1f} to {:+.1f})".format(*(100 * v for v in value))
+
+
+def _paired(summary: dict, key: str) -> tuple[float, float, float] | None:
+    """A summary's paired comparison `key` as (estimate, low, high), or None where it has none."""
+    return None if summary[key] is None else (summary[key], summary[key + "_low"], summary[key + "_high"])
+
+
+def format_ratio(value: tuple[float, float, float] | None) -> str:
+    """A paired ratio, (estimate, low, high): '0.64 (0.58-0.70)'."""
+    return "-" if value is None else "{:.2f} ({:.2f}-{:.2f})".format(*value)
 
 
 def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header: str = "") -> None:

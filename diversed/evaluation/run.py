@@ -318,12 +318,12 @@ def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
     rows = load_done_rows(main, repair=True)
     if parts := sorted(out_dir.glob("results.rank*.jsonl")):
         order = {e.id: i for i, e in enumerate(examples)}
-        rank = {m: i for i, m in enumerate(methods)}
+        method_order = {m: i for i, m in enumerate(methods)}
         done = {(r["example"], r["method"]) for r in rows}
         new = {(r["example"], r["method"]): r for path in parts for r in load_done_rows(path)}
         new = sorted((r for key, r in new.items() if key not in done),
                      key=lambda r: (order.get(r["example"], len(order)), r["example"],
-                                    rank.get(r["method"], len(rank)), r["method"]))
+                                    method_order.get(r["method"], len(method_order)), r["method"]))
         with open(main, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in new)
             f.flush()
