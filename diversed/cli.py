@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from diversed.backends import BACKENDS
+from diversed.decoding.drafters import DRAFTERS, SuffixCache
 from diversed.decoding.profile import profile_table
 from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
 from diversed.head.model import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
@@ -17,8 +18,8 @@ from diversed.head.train import TrainConfig
 from diversed.models.loading import DTYPES, QUANTIZATIONS
 from diversed.verify import RULES
 
-TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, humaneval, humaneval-plus (offline), cnn_dailymail, xsum "
-             "(online) or jsonl:PATH")
+TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, humaneval, humaneval-plus "
+             "(offline), cnn_dailymail, xsum (online) or jsonl:PATH")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--draft-confidence", type=float, default=0.0,
                     help="stop drafting below this draft probability (default 0: a constant draft length, so that "
                          "acceptance rates compare across methods)")
+    ev.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
+                    help="constant (default), heuristic, or auto (the speed model; --draft-len is then the longest)")
+    ev.add_argument("--drafter", choices=DRAFTERS, default="model",
+                    help="what drafts: model (default, the draft model), lookup, suffix or auto (see generate)")
     ev.add_argument("--max-new-tokens", type=int, help="default: the task's")
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
@@ -157,6 +162,10 @@ def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_drafting_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--drafter", choices=DRAFTERS, default="auto",
+                        help="what drafts: auto (default: each round the fastest of copying text, the draft model, "
+                             "or none), model (the draft model), lookup (prompt lookup in the row's own text), "
+                             "suffix (a suffix cache over the text and earlier outputs)")
     parser.add_argument("--draft-len", type=int,
                         help="drafted tokens per round N (the first round's N of the other schedules)")
     parser.add_argument("--draft-schedule", choices=SCHEDULES,
@@ -202,7 +211,8 @@ def _generate(args: argparse.Namespace) -> int:
         method = replace(method, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
     backend = _check_load_options(args)
-    request = check_request(_read_prompts(args), method=method, temperature=args.temperature, top_k=args.top_k,
+    request = check_request(_read_prompts(args), method=method, drafter=args.drafter, temperature=args.temperature,
+                            top_k=args.top_k,
                             top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
                             max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
                             seed=args.seed)
@@ -211,7 +221,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.stream and (args.json or args.batch_size > 1):
         raise ValueError("--stream prints one prompt's text at a time: not with --json or --batch-size > 1")
     pair = _load(args)
-    options = dict(method=method, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    options = dict(method=method, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p,
                    draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
                    chat=False if args.no_chat else None, system=args.system, profile=args.profile)
     if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes, then metrics
@@ -231,8 +242,10 @@ def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> No
     m = c.metrics
     rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.1%}"
     print("" if streamed else c.text)
+    drafted = ", ".join(f"{name} {d['accepted']}/{d['drafted']}" for name, d in m["drafters"].items()) or "none"
     print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
-          f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}", flush=True)
+          f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}; kept/drafted: {drafted}; "
+          f"{m['rule_tokens']} tokens by the rule, {m['target_tokens']} by the target alone", flush=True)
     if args.profile:
         print(profile_table(m["profile"]), flush=True)
 
@@ -250,7 +263,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     backend = _check_load_options(args)
     config = ServerConfig(args.method, heads, args.max_batch, args.max_waiting, args.max_tokens,
-                          _drafting(args, DEFAULT_DRAFTING[backend]), args.model_name)
+                          _drafting(args, DEFAULT_DRAFTING[backend]), args.model_name, args.drafter)
     serve(_load(args), config, host=args.host, port=args.port)
     return 0
 
@@ -295,7 +308,8 @@ def _eval(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     # Built before the models load, so that a bad setting is refused at once; the names come after.
     config = EvalConfig(args.task, temperature=args.temperature, draft_len=args.draft_len,
-                        draft_confidence=args.draft_confidence,
+                        draft_confidence=args.draft_confidence, draft_schedule=args.draft_schedule,
+                        drafter=args.drafter,
                         max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
                         split=args.split, limit=args.limit, seed=args.seed, dtype=args.dtype,
                         draft_int8=args.draft_int8, backend=_check_load_options(args), batch_size=args.batch_size)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from diversed.decoding.drafters import DRAFTERS, SuffixCache
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.policy import WeightFn
@@ -20,7 +21,7 @@ from diversed.text import StreamedText, check_encodable, cut_at_stop, encode_pro
 class Completion:
     """One prompt's generated text, its new token ids and its metrics (diversed.decoding.metrics)."""
 
-    prompt: str
+    prompt: str | list[dict]
     text: str
     tokens: list[int]
     metrics: dict
@@ -34,9 +35,10 @@ class Completion:
 
 def generate(
     pair: Pair,
-    prompts: str | Sequence[str],
+    prompts: str | Sequence[str | list[dict]],
     *,
     method: str | Method = "exact",
+    drafter: str = "auto",
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -50,11 +52,16 @@ def generate(
     weight_fn: WeightFn | None = None,
     profile: bool = False,
     on_text: Callable[[int, str], None] | None = None,
+    cache: SuffixCache | None = None,
 ) -> list[Completion]:
-    """Generate a completion for each prompt with the pair and a method ("auto", "exact", "static:0.7",
+    """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
+    with the pair and a method ("auto", "exact", "static:0.7",
     "diversed:HEAD" with a head's folder or a shipped head's name, ...). weight_fn overrides the head of a
     "diversed" method (or drives "dynamic").
 
+    drafter: what proposes the drafts (diversed.decoding.drafters): "auto" (each round the fastest of copying
+    from the text so far and earlier outputs, the draft model, or none, under the auto schedule), "model",
+    "lookup" (prompt lookup) or "suffix" (a suffix cache shared by the batches of this call, or `cache`).
     draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     stop: strings that end a sequence; its text is cut before the first one.
@@ -63,16 +70,19 @@ def generate(
     on_text(i, piece): called with prompt i's new text as it is generated (streaming); the pieces of a prompt
     join into its Completion.text.
     """
-    request = check_request(prompts, method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-                            draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
-                            seed=seed)
+    request = check_request(prompts, method=method, drafter=drafter, temperature=temperature, top_k=top_k,
+                            top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop,
+                            batch_size=batch_size, seed=seed)
     prompts, method, stop = request.prompts, request.method, request.stop
     draft_length = DEFAULT_DRAFTING[pair.backend] if request.draft_length is None else request.draft_length
     if method.name == "diversed" and weight_fn is None:
         weight_fn = load_head(pair, method.head)
     tokenizer = pair.tokenizer
-    if chat and tokenizer.chat_template is None:
-        raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False")
+    if (chat or (chat is None and any(isinstance(p, list) for p in prompts))) and tokenizer.chat_template is None:
+        raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False and text "
+                         "prompts")
+    if chat is False and any(isinstance(p, list) for p in prompts):
+        raise ValueError("a conversation (chat messages) needs the chat template: not with chat=False")
     ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
 
     streams, so_far = [StreamedText(tokenizer, stop) for _ in prompts], [[] for _ in prompts]
@@ -82,10 +92,10 @@ def generate(
         if piece := streams[i].update(so_far[i]):
             on_text(i, piece)
 
-    completions = []
+    completions, cache = [], SuffixCache() if cache is None else cache
     for start in range(0, len(prompts), batch_size):
         batch = slice(start, start + batch_size)
-        out = decode(pair.target, ids[batch], draft=pair.draft, method=method,
+        out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, method=method,
                      sampling=request.sampling, draft_length=draft_length,
                      max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
@@ -105,14 +115,15 @@ class Request:
     """What generate() was asked, checked, in canonical form (see check_request): the arguments that have
     another form than the one given (integer arguments stay as they were)."""
 
-    prompts: list[str]
+    prompts: list[str | list[dict]]
     method: Method
     sampling: Sampling
     draft_length: DraftLength | None
     stop: tuple[str, ...]
 
 
-def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact", temperature: float = 1.0,
+def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
+                  temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
                   max_new_tokens: int = 128, stop: str | Sequence[str] = (), batch_size: int = 1, seed: int = 0
                   ) -> Request:
@@ -122,13 +133,21 @@ def check_request(prompts: str | Sequence[str], *, method: str | Method = "exact
     if not isinstance(prompts, Sequence) or not prompts:
         raise ValueError(f"prompts must be a non-empty list of strings, got {_show(prompts)}")
     for number, prompt in enumerate(prompts, 1):
-        _check_text(f"prompt {number}", prompt)
+        if isinstance(prompt, list):
+            _check_conversation(f"prompt {number}", prompt)
+        else:
+            _check_text(f"prompt {number}", prompt)
     if not isinstance(method, Method):
         if not isinstance(method, str):
             raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
         method = Method.parse(method)
     if method.name == "diversed":
         head_folder(method.head)
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {DRAFTERS}, got {_show(drafter)}")
+    if method.name == "diversed" and drafter in ("lookup", "suffix"):
+        raise ValueError(f"method {method.label!r} reads the draft model's hidden states, which drafter {drafter!r} "
+                         "does not have: use drafter 'model' or 'auto'")
     for name, value in (("temperature", temperature), ("top_p", top_p)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {_show(value)}")
@@ -153,6 +172,18 @@ def _check_text(name: str, text) -> None:
     if not text.strip():
         raise ValueError(f"{name} is empty")
     check_encodable(name, text)
+
+
+def _check_conversation(name: str, messages: list) -> None:
+    """A conversation is a non-empty list of {"role": system|user|assistant, "content": text} objects."""
+    if not messages:
+        raise ValueError(f"{name} is an empty conversation")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) != {"role", "content"} or \
+                message["role"] not in ("system", "user", "assistant"):
+            raise ValueError(f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
+                             f"'content': text}}, got {_show(message)}")
+        _check_text(f"{name}, message {i + 1}", message["content"])
 
 
 def _show(value) -> str:

@@ -29,15 +29,19 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool | None = None, system: str | None = None
+                  ) -> list[int]:
     """Token ids of a prompt, wrapped in the chat template as a user turn when chat is on (None: whenever
-    the tokenizer has a template)."""
+    the tokenizer has a template); a conversation (chat messages, role and content) goes through the template
+    as it is."""
     if chat is None:
         chat = tokenizer.chat_template is not None
     if not chat:
+        if isinstance(prompt, list):
+            raise ValueError("a conversation (chat messages) needs the chat template")
         return tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return encode_messages(tokenizer, messages)
+    turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    return encode_messages(tokenizer, ([{"role": "system", "content": system}] if system else []) + turns)
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:

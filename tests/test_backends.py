@@ -10,6 +10,7 @@ from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import QUANTIZATIONS as LLAMA_FTYPES
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.cli import main
+from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
@@ -93,7 +94,7 @@ def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
     models, _ = backend
     target, draft = models["target"], models["close"]
     methods = [Method("exact"), Method("static", weight=0.5), Method("auto"), Method("lossy", lenience=0.5)]
-    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
     jobs = [Job(prompt, Policy(method, GREEDY), max_new_tokens=10 + 4 * i)
             for i, (prompt, method) in enumerate(zip(PROMPTS, methods, strict=True))]
     waiting, rounds = list(jobs), 0

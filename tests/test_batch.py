@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from diversed.backends import as_model
+from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
@@ -39,7 +40,7 @@ def job(prompt, method, max_new_tokens=20, **policy) -> Job:
 
 def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write_alone(models):
     target, draft = models
-    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=4)
+    batch = Batch(target, make_drafter("model", draft, capacity=4), draft_length=DraftLength(3), capacity=4)
     jobs = [job(p, m, max_new_tokens=12 + 3 * i) for i, (p, m) in enumerate(zip(PROMPTS, METHODS, strict=True))]
     waiting, rounds = list(jobs), 0
     while waiting or batch.jobs:
@@ -53,7 +54,7 @@ def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write
 
 def test_a_cancelled_job_leaves_and_the_others_are_unchanged(models):
     target, draft = models
-    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
     jobs = [job(p, Method("static", weight=0.6), max_new_tokens=30) for p in PROMPTS[:3]]
     for j in jobs:
         batch.add(j)
@@ -82,7 +83,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
     def broken(h_draft, h_target):
         raise RuntimeError("broken head")
 
-    batch = Batch(target, draft, draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
     jobs = [job(PROMPTS[0], Method("exact")), job(PROMPTS[1], Method("diversed"), weight_fn=broken),
             job(PROMPTS[2], Method("static", weight=0.5))]
     for j in jobs:
@@ -92,7 +93,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
     assert jobs[1].stats.finish_reason == "error" and "broken head" in jobs[1].error and not jobs[1].tokens
     assert jobs[0].tokens == alone(models, PROMPTS[0], Method("exact"))
     assert jobs[2].tokens == alone(models, PROMPTS[2], Method("static", weight=0.5))
-    alone_batch = Batch(target, draft, draft_length=DraftLength(3), capacity=1)
+    alone_batch = Batch(target, make_drafter("model", draft, capacity=1), draft_length=DraftLength(3), capacity=1)
     alone_batch.add(job(PROMPTS[1], Method("diversed"), weight_fn=broken))
     with pytest.raises(RuntimeError, match="broken head"):  # a batch of one policy raises, as decode() does
         alone_batch.step()
@@ -100,7 +101,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
 
 def test_a_policys_draft_cap_limits_its_rows_drafts_only(models):
     target, draft = models
-    batch = Batch(target, draft, draft_length=DraftLength(4), capacity=2)
+    batch = Batch(target, make_drafter("model", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
     capped, free = job(PROMPTS[0], Method("exact"), max_drafts=1), job(PROMPTS[1], Method("exact"))
     batch.add(capped)
     batch.add(free)
@@ -119,13 +120,13 @@ def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
     with pytest.raises(RuntimeError, match="full"):
         batch.add(job(PROMPTS[1], Method("auto")))
     with pytest.raises(ValueError, match="context"):
-        Batch(target, draft, capacity=1).add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
+        Batch(target, make_drafter("model", draft, capacity=1), capacity=1).add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
 
 
 def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     """Rows of the target alone in a speculative round draft nothing: they are no verdict on the length."""
     target = tiny_model(0)
-    batch = Batch(as_model(target), as_model(tiny_model(5, layers=2, hidden=32)),
+    batch = Batch(as_model(target), make_drafter("model", as_model(tiny_model(5, layers=2, hidden=32)), capacity=3),
                   draft_length=DraftLength(3, "heuristic"), capacity=3)
     jobs = [job(p, m) for p, m in zip(PROMPTS[:3], [Method("exact"), Method("auto"), Method("auto")], strict=True)]
     for j in jobs:

@@ -32,7 +32,7 @@ def draft(request, target):
 @pytest.fixture
 def requested(monkeypatch) -> list[int]:
     """The draft length the loop asks for in each round, in order."""
-    import diversed.decoding.engine as engine
+    import diversed.decoding.drafters.model as engine
 
     lengths = []
     original = engine._draft

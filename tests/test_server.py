@@ -228,6 +228,18 @@ def test_draft_length_caps_a_requests_drafts(server):
     assert len(out.model_extra["speculative"]["per_position_acceptance"]) == 1
 
 
+@pytest.mark.parametrize("drafter", ["lookup", "suffix", "model"])
+def test_a_request_picks_its_drafter_and_the_reply_says_who_drafted_and_who_decided(server, pair, head_dir, drafter):
+    url, _ = server
+    prompt = "t5 t6 t7 t5 t6 t7 t5 t6"
+    out = client(url).completions.create(model="tiny-target", prompt=prompt, max_tokens=20, temperature=0,
+                                         extra_body={"drafter": drafter})
+    assert out.choices[0].text == solo(pair, prompt, "exact", 20, head_dir)  # greedy exact: the target's text
+    speculative = out.model_extra["speculative"]
+    assert set(speculative["drafters"]) <= {drafter}
+    assert speculative["rule_tokens"] + speculative["target_tokens"] == out.usage.completion_tokens
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": "t3", "verification": "strict"}, "verification"),
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
@@ -243,6 +255,8 @@ def test_draft_length_caps_a_requests_drafts(server):
     ({"prompt": "t3", "colour": "blue"}, "colour"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": "t3", "draft_length": 0}, "draft_length"),
+    ({"prompt": "t3", "drafter": "ngram"}, "drafter"),
+    ({"prompt": "t3", "verification": "diversed", "head": "flat", "drafter": "lookup"}, "drafter"),
 ])
 def test_bad_requests_get_400_naming_the_field(server, body, param):
     url, _ = server

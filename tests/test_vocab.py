@@ -40,7 +40,7 @@ def test_restricted_head_equals_the_full_head_on_kept_ids_and_excludes_the_rest(
 
 
 def test_speculative_decoding_with_a_restricted_draft_stays_exact_and_drafts_only_kept_tokens(monkeypatch):
-    import diversed.decoding.engine as engine
+    import diversed.decoding.drafters.model as engine
 
     target = tiny_model(0, vocab=WORDS, hidden=32)
     draft = restricted(perturbed(target, 0.05, 1), 15)  # the target often wants tokens the draft cannot write

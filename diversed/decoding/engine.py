@@ -1,15 +1,15 @@
-"""The decoding loop: plain target decoding, and speculative decoding with any verification rule.
+"""The decoding loop: plain target decoding, and speculative decoding with any drafter and verification rule.
 
-A Batch holds the rows of both models (diversed.backends: the loop only feeds tokens, reads logits,
-truncates, selects and adds rows) and one Job per row; jobs join between rounds and leave when finished
-or cancelled (continuous batching), and each follows its own Policy (diversed.decoding.policy). `decode`
-is a batch whose jobs all join at the start. One round of speculative decoding (`speculative_round`):
-  1. the draft proposes up to N tokens, one forward each;
+A Batch holds the target's rows (diversed.backends: the loop only feeds tokens, reads logits, truncates,
+selects and adds rows), a drafter (diversed.decoding.drafters: the draft model, or text copied from the
+prompt, the output and earlier requests) and one Job per row; jobs join between rounds and leave when
+finished or cancelled (continuous batching), and each follows its own Policy (diversed.decoding.policy).
+`decode` is a batch whose jobs all join at the start. One round of speculative decoding:
+  1. the drafter proposes up to N tokens per row, with their distribution q or as point masses;
   2. the target scores the N+1 positions in one forward;
   3. the verifier (diversed.verify) keeps a prefix and picks the next token;
-  4. both models roll back to the kept tokens.
-Invariant between rounds: the target has seen every token but the last emitted one; the draft has seen
-every token but the last emitted one and, after a fully kept round, the last draft. A job's prompt is
+  4. the target rolls back to the kept tokens, and the drafter is told what each row wrote.
+Invariant between rounds: the target has seen every token but the last emitted one. A job's prompt is
 unseen when it joins: its prefill is its first round's forward.
 """
 
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model, Rows, as_model
+from diversed.decoding.drafters import Drafter, Proposal, SuffixCache, make_drafter
 from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
@@ -60,6 +61,8 @@ def decode(
     prompts: Sequence[Sequence[int]],
     *,
     draft=None,
+    drafter: str | Drafter | None = None,
+    cache: SuffixCache | None = None,
     method: Method = Method("exact"),
     sampling: Sampling = Sampling(),
     draft_length: int | DraftLength = DraftLength(),
@@ -74,9 +77,12 @@ def decode(
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
-    target, draft: backend models (diversed.backends) or transformers models. "auto" decodes with the
-    target alone; every other method needs `draft`, and "diversed" a weight_fn (the trained head) that turns
-    both models' last hidden states into a weight per drafted position. A sequence stops at any of
+    target, draft: backend models (diversed.backends) or transformers models. drafter: one of
+    diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix"), or a Drafter; default: "model"
+    with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share (default: a new
+    one). Method "auto" decodes with the target alone; every other method needs a drafter, and "diversed" a
+    weight_fn (the trained head) that turns both models' last hidden states into a weight per drafted
+    position. A sequence stops at any of
     eos_token_ids (kept in its tokens), when stop(tokens) is true, or at max_new_tokens. Seeded: the same
     inputs give the same tokens. profile=True makes the per-phase times of Generation.profile exact on a
     GPU (by waiting for the device around each phase).
@@ -86,15 +92,20 @@ def decode(
     "diversed" methods with a draft length that never falls to 0, i.e. not the auto schedule).
     """
     target = as_model(target)
-    draft = None if draft is None or method.name == "auto" else as_model(draft)
+    draft = None if draft is None else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
     if not prompts:
         raise ValueError("prompts must be a non-empty list of token-id sequences")
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
                          "logits)")
+    if method.name == "auto":
+        drafter = None
+    elif isinstance(drafter, str) or (drafter is None and draft is not None):
+        drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=draft_length.confidence,
+                               cache=cache)
     policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
-    batch = Batch(target, draft, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
+    batch = Batch(target, drafter, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
@@ -173,22 +184,22 @@ class Job:
 
 
 class Batch:
-    """The running batch: both models' rows, one Job per row, and the draft length of the next round.
+    """The running batch: the target's rows, the drafter's, one Job per row, and the draft length of the next
+    round.
 
     capacity: the most jobs at once. add() a job between rounds; step() runs one round (a step of the
     target alone, or a speculative round in which each row is verified by its own policy) and drops the
     jobs that finished or were cancelled. Not thread-safe: one thread adds and steps (a server's engine
     thread); `Job.cancelled` is the one field other threads may set."""
 
-    def __init__(self, target: Model, draft: Model | None = None, *, draft_length: DraftLength = DraftLength(),
+    def __init__(self, target: Model, drafter: Drafter | None = None, *, draft_length: DraftLength = DraftLength(),
                  eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False) -> None:
-        self.target, self.draft, self.draft_length = target, draft, draft_length
+        self.target, self.drafter, self.draft_length = target, drafter, draft_length
         self.eos = set(eos_token_ids)
         self.jobs: list[Job] = []
         self.capacity = capacity
         self.target_rows = target.rows(0, capacity)
-        self.draft_rows = None if draft is None else draft.rows(0, capacity)
-        self.pending = _Pending([], [])
+        self.pending: list[list[int]] = []  # per row, what the target has not seen: the prompt, the last token
         self.clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
         self.start = time.perf_counter()
         self.n = draft_length.initial
@@ -199,22 +210,29 @@ class Batch:
     def check(self, job: Job) -> None:
         """Refuse (ValueError) a job this batch cannot run: a prompt that is empty, outside the vocabulary or
         too long for a model's context with max_new_tokens and a round of drafts; a method without its
-        draft or head."""
+        drafter or head."""
         policy = job.policy
         if not job.prompt:
             raise ValueError("the prompt is empty")
         if job.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {job.max_new_tokens}")
-        if policy.drafts and self.draft is None:
-            raise ValueError(f"method {policy.method.label!r} needs a draft model")
-        if policy.method.rule == "dynamic" and policy.weight_fn is None:
-            raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+        if policy.drafts and self.drafter is None:
+            raise ValueError(f"method {policy.method.label!r} needs a drafter (a draft model, or a drafter that "
+                             "copies: 'lookup', 'suffix')")
+        if policy.method.rule == "dynamic":
+            if policy.weight_fn is None:
+                raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+            if not self.drafter.has_hidden:
+                raise ValueError(f"method {policy.method.label!r} reads the draft model's hidden states, which "
+                                 f"drafter {self.drafter.name!r} does not have: use drafter 'model' or 'auto' with a "
+                                 "draft model")
         if job.trace is not None and (policy.method.rule != "dynamic" or self.draft_length.schedule == "auto"):
             raise ValueError("a trace keeps the head's inputs at every token: it needs a dynamic or diversed method "
                              "and a draft length that never falls to 0 (not the auto schedule)")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
-        if self.draft is not None:  # even a target-alone row rides along in the draft's forwards
-            _check_prompt(self.draft, "draft", job.prompt, job.max_new_tokens, self.draft_length.longest)
+        if self.drafter is not None and self.drafter.draft_model is not None:  # every row rides in its forwards
+            _check_prompt(self.drafter.draft_model, "draft", job.prompt, job.max_new_tokens,
+                          self.draft_length.longest)
 
     def add(self, job: Job) -> None:
         """Join a job: its rows are added now, its prompt is fed in the next round."""
@@ -224,10 +242,9 @@ class Batch:
         job.started = time.perf_counter()
         self.jobs.append(job)
         self.target_rows.extend(1)
-        if self.draft_rows is not None:
-            self.draft_rows.extend(1)
-        self.pending.target.append(list(job.prompt))
-        self.pending.draft.append(list(job.prompt))
+        if self.drafter is not None:
+            self.drafter.add(job.prompt)
+        self.pending.append(list(job.prompt))
         self._joined = True
 
     @torch.inference_mode()
@@ -243,10 +260,16 @@ class Batch:
         groups = Groups([job.policy for job in self.jobs])
         speed = self._speed_model()
         prefill, self._joined = self._joined, False
-        if self.draft is None or not any(job.policy.drafts for job in self.jobs) or self.n == 0:
+        proposal = None
+        if self.drafter is not None and any(job.policy.drafts for job in self.jobs) and (speed or self.n):
+            # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
+            room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
+            caps = groups.draft_caps(self.draft_length.maximum if speed else self.n, room)
+            proposal = self.drafter.propose(caps, groups, self.clock, speed)
+        if proposal is None:
             self._plain_step(groups, speed, prefill)
         else:
-            self._speculative_step(groups, speed, prefill)
+            self._speculative_step(groups, speed, prefill, proposal)
         return left + self._drop([job.finished for job in self.jobs])
 
     def close(self) -> None:
@@ -257,35 +280,36 @@ class Batch:
 
     def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
         before = self.clock.seconds["target forward"]
-        token = target_step(self.target_rows, self.pending.target, groups, self.clock)
-        self.pending.target = [[t] for t in token]
-        if self.draft is not None:  # the draft catches up on these tokens in its next round
-            self.pending.draft = [d + [t] for d, t in zip(self.pending.draft, token, strict=True)]
+        token = target_step(self.target_rows, self.pending, groups, self.clock)
+        self.pending = [[t] for t in token]
+        if self.drafter is not None:
+            self.drafter.advance([[t] for t in token])
         for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
             if not _failed(job, groups, row):
+                written = len(job.tokens)
                 job.emit([t], self.eos)
-        if speed is not None and self.n == 0:
-            if not prefill:  # a round that fed prompts is not a step's cost
-                speed.observe_plain(self.clock.seconds["target forward"] - before)
-            self.n = speed.best_length()
+                job.stats.target_tokens += len(job.tokens) - written
+        if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
+            speed.observe_plain(self.clock.seconds["target forward"] - before)
+            speed.draft_length = speed.best_length()
 
-    def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
-        before = dict(self.clock.seconds)
-        catching_up = max(map(len, self.pending.draft)) > 2  # the draft missed target-alone steps' tokens
-        # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
-        room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
-        result = speculative_round(self.target_rows, self.draft_rows, self.pending, groups.draft_caps(self.n, room),
-                                   groups, self.draft_length.confidence, self.clock)
+    def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool, proposal: Proposal) -> None:
+        before = self.clock.seconds["target forward"]
+        result = speculative_round(self.target_rows, self.pending, proposal, groups, self.clock)
         n_round = result.drafts.shape[1]
         kept_counts, drafted_counts = result.verdict.num_accepted.tolist(), result.lengths.tolist()
-        for row, (job, drafted_row, kept, drafted, nxt) in enumerate(zip(
-                self.jobs, result.drafts.tolist(), kept_counts, drafted_counts, result.verdict.next_token.tolist(),
-                strict=True)):
-            job.stats.add_round(drafted, kept, draft_forwards=n_round)
+        emitted = [d[:k] + [t] for d, k, t in zip(result.drafts.tolist(), kept_counts,
+                                                  result.verdict.next_token.tolist(), strict=True)]
+        self.pending = [[e[-1]] for e in emitted]
+        self.drafter.advance(emitted)
+        for row, (job, new, kept, drafted, source) in enumerate(zip(
+                self.jobs, emitted, kept_counts, drafted_counts, proposal.sources, strict=True)):
+            job.stats.add_round(drafted, kept, proposal.forwards, source)
             if not _failed(job, groups, row):
                 written = len(job.tokens)
-                job.emit(drafted_row[:kept] + [nxt], self.eos, last_is_bonus=kept == drafted)
+                job.emit(new, self.eos, last_is_bonus=kept == drafted)
+                job.stats.count_deciders(len(job.tokens) - written, kept, drafted)
                 if job.trace is not None:
                     job.trace.add(result, row, len(job.tokens) - written)
         if speed is None:
@@ -295,24 +319,30 @@ class Batch:
             if verdicts:
                 self.n = self.draft_length.next(self.n, sum(verdicts) / len(verdicts))
         elif not prefill:  # a round that fed prompts is not a round's cost
-            spent = {phase: self.clock.seconds[phase] - before[phase] for phase in ("draft forward", "target forward")}
-            speed.observe(kept_counts, drafted_counts, n_round, None if catching_up else spent["draft forward"],
-                          n_round + 1, spent["target forward"])
-            self.n = speed.best_length()
+            verify_seconds = self.clock.seconds["target forward"] - before
+            if proposal.forwards:  # the draft model's round
+                speed.observe(kept_counts, drafted_counts, proposal.draft_steps,
+                              proposal.draft_seconds if proposal.draft_steps else None, n_round + 1, verify_seconds)
+            else:
+                speed.observe_copied(n_round + 1, verify_seconds)
+            speed.draft_length = speed.best_length()
 
     def _speed_model(self) -> SpeedModel | None:
         """The auto schedule's speed model for the current batch size: costs are per (models, rows), so when
         jobs join and the size changes, the costs known for the new size take over (the acceptance stays)."""
-        if self.draft_length.schedule != "auto" or self.draft is None:
+        if self.draft_length.schedule != "auto" or self.drafter is None:
             return None
-        key = (_cost_identity(self.target), _cost_identity(self.draft), len(self.jobs))
+        draft = self.drafter.draft_model
+        key = (_cost_identity(self.target), "" if draft is None else _cost_identity(draft), len(self.jobs))
         if self.speed is None or (self._joined and key != self._costs_key):
             fresh = SpeedModel.for_models(key, self.draft_length.maximum)
             if self.speed is not None:
                 self.speed.remember(self._costs_key)
                 fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections
             elif fresh.timed:  # with costs known from an earlier batch, even the first round is chosen
-                self.n = fresh.best_length()
+                fresh.draft_length = fresh.best_length()
+            if self.speed is None and not fresh.timed:
+                fresh.draft_length = self.draft_length.initial
             self.speed, self._costs_key = fresh, key
         return self.speed
 
@@ -325,9 +355,9 @@ class Batch:
         with self.clock.phase("cache"):
             self.jobs = [self.jobs[row] for row in alive]
             self.target_rows.select(alive)
-            if self.draft_rows is not None:
-                self.draft_rows.select(alive)
-            self.pending.select(alive)
+            if self.drafter is not None:
+                self.drafter.select(alive)
+            self.pending = [self.pending[row] for row in alive]
         return left
 
 
@@ -399,70 +429,23 @@ class Trace:
         return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
 
 
-@dataclass
-class _Pending:
-    """The tokens each model has not seen yet, per row. The target's: the prompt, then the last emitted
-    token. The draft's: the prompt, then [last emitted] or, after a fully kept round, [last draft, it]."""
-
-    target: list[list[int]]
-    draft: list[list[int]]
-
-    def select(self, alive: list[int]) -> None:
-        self.target = [self.target[row] for row in alive]
-        self.draft = [self.draft[row] for row in alive]
-
-
-def speculative_round(target: Rows, draft: Rows, pending: _Pending, caps: list[int], groups: Groups,
-                      confidence: float, clock: PhaseClock) -> Round:
-    """Draft up to caps[r] tokens for row r, verify them in one target forward, roll both models back to the kept
-    tokens and set `pending` for the next round."""
-    target_before, draft_before = target.lengths, draft.lengths
-    drafts, q, h_draft, lengths = _draft(draft, pending.draft, caps, groups, confidence, clock)
-    n_round = drafts.shape[1]
+def speculative_round(target: Rows, pending: list[list[int]], proposal: Proposal, groups: Groups,
+                      clock: PhaseClock) -> Round:
+    """Verify a proposal in one target forward over each row's pending tokens and drafts, and roll the target
+    back to the kept tokens."""
+    before, n_round = target.lengths, proposal.tokens.shape[1]
     with clock.phase("target forward"):
-        h_target, logits = target.feed([t + d for t, d in zip(pending.target, drafts.tolist(), strict=True)],
+        h_target, logits = target.feed([t + d for t, d in zip(pending, proposal.tokens.tolist(), strict=True)],
                                        n_round + 1, hidden=groups.hidden)
     with clock.phase("sampling"):
         p = groups.probs(logits)
-    out = groups.verify(drafts, q, p, lengths, h_draft, h_target, clock)
-    kept = out.num_accepted.tolist()
+        drafts, q = proposal.tokens.to(p.device), proposal.q
+        if q is None:  # drafts copied from text: a point mass on each drafted token
+            q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
+    out = groups.verify(drafts, q, p, proposal.lengths, proposal.hidden, h_target, clock)
     with clock.phase("cache"):
-        # The target keeps its pending tokens and the kept drafts; the draft, which never saw its own last
-        # draft, keeps what it saw of them.
-        target.truncate([b + len(t) + k for b, t, k in zip(target_before, pending.target, kept, strict=True)])
-        draft.truncate([b + len(d) + min(k, n_round - 1)
-                        for b, d, k in zip(draft_before, pending.draft, kept, strict=True)])
-    last_draft, next_token = drafts[:, -1].tolist(), out.next_token.tolist()
-    pending.target = [[t] for t in next_token]
-    pending.draft = [[d, t] if k == n_round else [t] for d, t, k in zip(last_draft, next_token, kept, strict=True)]
-    return Round(drafts, out, lengths, q, p, h_draft, h_target)
-
-
-def _draft(draft: Rows, tokens: list[list[int]], caps: list[int], groups: Groups, confidence: float,
-           clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """Propose up to caps[r] tokens for row r. Returns drafts [B, n'], their distributions q [B, n', V], the
-    draft's hidden states that produced q [B, n', d] (when the groups need them), and each row's draft
-    length [B] (its cap, or less where the confidence cut-off stopped it; n' is the longest)."""
-    drafts, probs, states = [], [], []
-    lengths = torch.tensor(caps)
-    for i in range(max(max(caps), 1)):
-        with clock.phase("draft forward"):
-            h, logits = draft.feed(tokens, 1, hidden=groups.hidden)
-        with clock.phase("sampling"):
-            q = groups.probs(logits[:, -1])
-            x = groups.sample(q)
-        drafts.append(x)
-        probs.append(q)
-        if groups.hidden:
-            states.append(h[:, -1])
-        if confidence:
-            unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
-            lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
-        if (lengths <= i + 1).all():
-            break
-        tokens = [[t] for t in x.tolist()]
-    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.hidden else None,
-            lengths.clamp(max=len(drafts)))
+        target.truncate([b + len(t) + k for b, t, k in zip(before, pending, out.num_accepted.tolist(), strict=True)])
+    return Round(drafts, out, proposal.lengths, q, p, proposal.hidden, h_target)
 
 
 def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens: int, longest_round: int) -> None:

@@ -31,13 +31,15 @@ Output = TypeVar("Output", Tensor, Verification)
 class Policy:
     """How a row is decoded. method: "auto" (the target alone) or a rule; weight_fn: the head of a
     "diversed"/"dynamic" method; generator: the row's random stream; max_drafts: at most this many drafts
-    a round for this row (None: the batch's draft length)."""
+    a round for this row (None: the batch's draft length); drafter: which of an "auto" drafter's members may
+    draft for this row ("auto": any)."""
 
     method: Method = Method("exact")
     sampling: Sampling = Sampling()
     generator: torch.Generator | None = None
     weight_fn: WeightFn | None = None
     max_drafts: int | None = None
+    drafter: str = "auto"
 
     @property
     def drafts(self) -> bool:
@@ -70,6 +72,15 @@ class Groups:
                 caps[row] = 0 if not policy.drafts else min(caps[row], policy.max_drafts or n)
         return caps
 
+    def only(self, drafter: str, caps: Sequence[int]) -> list[int]:
+        """caps, with 0 for the rows whose policy does not let `drafter` draft for them."""
+        caps = list(caps)
+        for policy, rows in self.groups:
+            if policy.drafter not in ("auto", drafter):
+                for row in rows:
+                    caps[row] = 0
+        return caps
+
     def probs(self, logits: Tensor) -> Tensor:
         """Each row's logits [B, ..., V] to its policy's sampling distributions."""
         return self._per_group(lambda policy, rows: policy.sampling.probs(logits[rows]),
@@ -88,7 +99,7 @@ class Groups:
             params = policy.method.verify_params()
             if policy.method.rule == "dynamic":
                 with clock.phase("head"):
-                    params["weight"] = _shifted(_checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
+                    params["weight"] = shifted(_checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
                                                                  drafts[rows].shape), policy.method.shift)
             with clock.phase("verify"):
                 # The target-alone rows drafted nothing: any rule gives them p's token after their 0 drafts.
@@ -152,7 +163,7 @@ def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
     return weight
 
 
-def _shifted(weight: Tensor, shift: float | None) -> Tensor:
+def shifted(weight: Tensor, shift: float | None) -> Tensor:
     """The head's strictness dial (Method.shift): w -> sigmoid(logit(w) + shift); w = 0 and 1 stay put."""
     if not shift:
         return weight

@@ -97,7 +97,8 @@ class SpeedModel:
         self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
         self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
-        self.plain_rounds = 0  # rounds of the target alone since the last drafted round
+        self.plain_rounds = 0  # rounds without the draft model since it last drafted
+        self.draft_length = 0  # the draft model's next round (best_length after each round)
         self.probe_interval = probe_every  # plain rounds before the next probe
 
     # Costs measured by earlier calls, per (target, draft, rows): a later call starts from them. Keys made of
@@ -145,7 +146,7 @@ class SpeedModel:
         g = self.decay
         self.kept = g * self.kept + sum(kept)
         self.rejections = g * self.rejections + sum(k < d for k, d in zip(kept, drafted, strict=True))
-        if draft_seconds is not None:  # None: the draft also caught up on tokens it missed (not a step's cost)
+        if draft_seconds is not None:  # None: no forward of the round was a draft step alone
             self.draft_time = g * self.draft_time + draft_seconds
             self.draft_steps = g * self.draft_steps + draft_steps
         self._time(verify_tokens, verify_seconds)
@@ -153,7 +154,12 @@ class SpeedModel:
 
     def observe_plain(self, seconds: float) -> None:
         """Record one step of the target alone (a pass over 1 token per sequence)."""
-        self._time(1, seconds)
+        self.observe_copied(1, seconds)
+
+    def observe_copied(self, verify_tokens: int, seconds: float) -> None:
+        """Record a target pass over drafts that cost no draft forward (or none): its time only (a copying
+        drafter keeps its own acceptance)."""
+        self._time(verify_tokens, seconds)
         self.plain_rounds += 1
 
     def _time(self, k: int, seconds: float) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 from tqdm import tqdm
 
+from diversed.decoding.drafters import DRAFTERS
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
@@ -42,6 +43,8 @@ class EvalConfig:
     temperature: float = 1.0
     draft_len: int = 5
     draft_confidence: float = 0.0  # a sequence stops drafting once a draft's probability is below this
+    draft_schedule: str = "constant"  # or "heuristic", "auto" (diversed.decoding.schedule)
+    drafter: str = "model"  # diversed.decoding.drafters.DRAFTERS
     max_new_tokens: int = 128
     split: str = "test"
     limit: int | None = None
@@ -57,7 +60,9 @@ class EvalConfig:
         Sampling(self.temperature)  # its own checks: >= 0, not NaN
         if not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be finite, got {self.temperature}")
-        _ = self.drafting  # DraftLength checks draft_len and draft_confidence
+        _ = self.drafting  # DraftLength checks draft_len, draft_schedule and draft_confidence
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.limit is not None and self.limit < 1:
@@ -69,7 +74,8 @@ class EvalConfig:
 
     @property
     def drafting(self) -> DraftLength:
-        return DraftLength(self.draft_len, confidence=self.draft_confidence)
+        longest = self.draft_len if self.draft_schedule == "auto" else DraftLength.maximum  # auto: up to draft_len
+        return DraftLength(self.draft_len, self.draft_schedule, longest, self.draft_confidence)
 
 
 def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
@@ -234,7 +240,7 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
     if name in PEERS:
         results = []
         for offset, index in enumerate(indices):
-            prompt = encode_prompt(pair.tokenizer, examples[index].prompt)
+            prompt = encode_prompt(pair.tokenizer, examples[index].prompt_for(pair.tokenizer.chat_template is not None))
             tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
                                               draft_len=None if name == "hf-default" else config.draft_len,
                                               weight=float(value) if value else None,
@@ -242,7 +248,8 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
             text = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop)
             results.append((text, stats.to_dict()))
     else:
-        completions = generate(pair, [examples[i].prompt for i in indices], method=label,
+        prompts = [examples[i].prompt_for(pair.tokenizer.chat_template is not None) for i in indices]
+        completions = generate(pair, prompts, method=label, drafter=config.drafter,
                                temperature=config.temperature, draft_length=config.drafting,
                                max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
                                seed=seed, weight_fn=head)
@@ -262,7 +269,7 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
         return
     if not resume:
         raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
-    saved = json.loads(path.read_text())
+    saved = asdict(EvalConfig(**json.loads(path.read_text())))  # settings added since it was saved: defaults
     if changed := changed_settings(saved, asdict(config)):
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 

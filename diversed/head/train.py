@@ -167,7 +167,7 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     step = _resume(out_dir, head, optimizer, config) if resume else _start(out_dir, head, optimizer, config)
 
     sampling = Sampling(config.temperature)
-    ids = [encode_prompt(pair.tokenizer, e.prompt) for e in examples]
+    ids = [encode_prompt(pair.tokenizer, e.prompt_for(pair.tokenizer.chat_template is not None)) for e in examples]
     last = total_steps if until_step is None else min(until_step, total_steps)
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress, dynamic_ncols=True)
     while step < last:

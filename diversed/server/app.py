@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from diversed.decoding.drafters import DRAFTERS, SuffixCache, make_drafter
 from diversed.decoding.engine import Batch, Job
 from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
@@ -41,7 +42,9 @@ class ServerConfig:
     shipped for the built-in pair are added under their names, and the default one as "default", when they
     fit the pair); max_batch: requests decoded
     together; max_waiting: requests queued beyond them (more get 503); max_tokens: a chat request's limit
-    when it sets none; draft_length: the batch's drafting (None: the backend's default)."""
+    when it sets none; draft_length: the batch's drafting (None: the backend's default); drafter: what drafts
+    for requests that name none (diversed.decoding.drafters; the batch holds them all, and one suffix cache
+    over every request's text)."""
 
     method: str = "exact"
     heads: dict[str, str] = field(default_factory=dict)
@@ -50,12 +53,15 @@ class ServerConfig:
     max_tokens: int = 512
     draft_length: DraftLength | None = None
     model_name: str | None = None
+    drafter: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_waiting < 0 or self.max_tokens < 1:
             raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
                              f"{self.max_tokens} and {self.max_waiting}")
         method = Method.parse(self.method)
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if method.name == "dynamic":
             raise ValueError("method 'dynamic' needs a weight function: use 'diversed' with a head")
         if method.name == "diversed" and method.head not in (None, "default", *self.heads, *PRETRAINED_HEADS):
@@ -85,10 +91,13 @@ class Server:
                              "built-in pair only): give one with --head NAME=DIR")
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
         self.metrics = Metrics()
+        self.cache = SuffixCache()  # shared by every batch and request of this server
         self.worker = Worker(self._new_batch, config.max_waiting, self._gauges)
 
     def _new_batch(self) -> Batch:
-        return Batch(self.pair.target, self.pair.draft, draft_length=self.drafting,
+        drafter = make_drafter("auto", self.pair.draft, capacity=self.config.max_batch,
+                               confidence=self.drafting.confidence, cache=self.cache)
+        return Batch(self.pair.target, drafter, draft_length=self.drafting,
                      eos_token_ids=self.pair.eos_token_ids, capacity=self.config.max_batch)
 
     def _gauges(self, running: int, waiting: int) -> None:
@@ -122,7 +131,13 @@ class Server:
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
         room = (self.pair.target.context_length or 2**31) - len(ids) - self.drafting.longest - 1
         max_tokens = call.max_tokens or max(min(self.config.max_tokens, room), 1)
-        job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length), max_tokens,
+        drafter = call.drafter or self.config.drafter
+        if method.name == "diversed" and drafter in ("lookup", "suffix"):
+            raise BadRequest(f"verification 'diversed' reads the draft model's hidden states, which drafter "
+                             f"{drafter!r} does not have: use drafter 'model' or 'auto'", "drafter")
+        if drafter == "model" and self.pair.draft is None:
+            raise BadRequest("this server has no draft model: use drafter 'auto', 'lookup' or 'suffix'", "drafter")
+        job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length, drafter), max_tokens,
                   stop_checker(tokenizer, call.stop))
         try:
             self.worker.batch.check(job)
@@ -162,7 +177,7 @@ class _Events:
             metrics.e2e_latency.observe(now - self.arrived)
             if job.policy.drafts:
                 metrics.record_rounds(job.policy.method, stats.drafted, stats.accepted,
-                                      stats.reached[0] if stats.reached else 0, stats.kept)
+                                      stats.reached[0] if stats.reached else 0, stats.kept, stats.drafters)
         self._put(("tokens", list(job.tokens), job.finished))
 
     def fail(self, job: Job, message: str) -> None:  # the engine thread
@@ -258,7 +273,7 @@ def _speculative(job: Job) -> dict:
     stats = job.stats.to_dict()
     return {"verification": job.policy.method.label,
             **{k: stats[k] for k in ("drafted", "accepted", "acceptance_rate", "tau", "tokens_per_s",
-                                     "per_position_acceptance")}}
+                                     "per_position_acceptance", "rule_tokens", "target_tokens", "drafters")}}
 
 
 async def _whole(server: Server, request: Request, job: Job, events: _Events, reply: Reply,

@@ -49,10 +49,19 @@ class Metrics:
         self.accepted_per_position = Counter("diversed:spec_decode_num_accepted_tokens_per_pos",
                                              "Drafted tokens kept, by position in the round (0 = first draft).",
                                              ["verification", "position"], registry=registry)
+        self.drafter_tokens = Counter("diversed:spec_decode_num_draft_tokens_by_drafter",
+                                      "Drafted tokens, by drafter (model, lookup, suffix).", ["drafter"],
+                                      registry=registry)
+        self.drafter_accepted = Counter("diversed:spec_decode_num_accepted_tokens_by_drafter",
+                                        "Drafted tokens kept, by drafter.", ["drafter"], registry=registry)
 
-    def record_rounds(self, method: Method, drafted: int, accepted: int, rounds: int, kept: list[int]) -> None:
+    def record_rounds(self, method: Method, drafted: int, accepted: int, rounds: int, kept: list[int],
+                      by_drafter: dict[str, list[int]]) -> None:
         """Add a finished request's speculative counters (SequenceStats: rounds that drafted, tokens drafted and
-        kept, and how many rounds kept each position)."""
+        kept, how many rounds kept each position, and drafted and kept per drafter)."""
+        for name, (drafter_drafted, drafter_kept) in by_drafter.items():
+            self.drafter_tokens.labels(name).inc(drafter_drafted)
+            self.drafter_accepted.labels(name).inc(drafter_kept)
         verification = verification_label(method)
         self.drafts.labels(verification).inc(rounds)
         self.draft_tokens.labels(verification).inc(drafted)

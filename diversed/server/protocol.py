@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from diversed.decoding.drafters import DRAFTERS
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
 from diversed.text import check_encodable
@@ -50,6 +51,7 @@ class Call:
     stop: tuple[str, ...]
     seed: int | None
     draft_length: int | None
+    drafter: str | None
     stream: bool
     include_usage: bool
     model: str | None
@@ -62,7 +64,7 @@ _NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, No
             "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})}
 _IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields that do not change the output
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "draft_length", *_NEUTRAL, *_IGNORED}
+           "verification", "head", "draft_length", "drafter", *_NEUTRAL, *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
 _ROLES = ("system", "user", "assistant", "developer")
 
@@ -98,8 +100,18 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
     return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
-                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), stream, include_usage,
-                model)
+                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body, method),
+                stream, include_usage, model)
+
+
+def _drafter(body: dict, method: Method) -> str | None:
+    drafter = body.get("drafter")
+    if drafter is not None and drafter not in DRAFTERS:
+        raise BadRequest(f"drafter must be one of {list(DRAFTERS)}", "drafter")
+    if method.name == "diversed" and drafter in ("lookup", "suffix"):
+        raise BadRequest(f"verification 'diversed' reads the draft model's hidden states, which drafter {drafter!r} "
+                         "does not have: use drafter 'model' or 'auto'", "drafter")
+    return drafter
 
 
 def _prompt(body: dict) -> str:

@@ -16,6 +16,7 @@ class Example:
     a correct program). tests: unit tests for code tasks; with entry_point, HumanEval style (they define
     check(candidate)). metadata["code_prompt"], when present, is code the completion may continue (a
     HumanEval function header), put in front of a completion that does not define the entry point.
+    metadata["messages"], when present, is the prompt as a conversation (chat messages) for a chat template.
     """
 
     id: str
@@ -24,6 +25,10 @@ class Example:
     tests: str | None = None
     entry_point: str | None = None
     metadata: dict = field(default_factory=dict)
+
+    def prompt_for(self, chat: bool) -> str | list[dict]:
+        """The prompt as a model takes it: the conversation for a chat template where there is one."""
+        return self.metadata.get("messages", self.prompt) if chat else self.prompt
 
 
 @dataclass(frozen=True)

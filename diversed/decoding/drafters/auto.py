@@ -1,0 +1,63 @@
+"""The default drafter: each round, the speed model's choice between the copying drafters (the better of prompt
+lookup and the suffix cache for each row), the draft model, and no drafts (the target alone), by the tokens
+per second it predicts for each from measured costs and each drafter's running acceptance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diversed.decoding.drafters.base import CopyDrafter, Proposal, copied, copy_width
+from diversed.decoding.drafters.model import ModelDrafter
+from diversed.decoding.policy import Groups
+from diversed.decoding.profile import PhaseClock
+from diversed.decoding.schedule import SpeedModel
+
+
+class AutoDrafter:
+    """Copying drafters and, where the pair has one, the draft model. Without a speed model (a schedule other
+    than auto), the draft model drafts where there is one and copying otherwise. A head (which reads the draft
+    model's hidden states) gets the draft model's drafts only."""
+
+    name = "auto"
+
+    def __init__(self, copiers: Sequence[CopyDrafter], model: ModelDrafter | None = None) -> None:
+        self.copiers, self.model = list(copiers), model
+        self.members = [*self.copiers, *([model] if model is not None else [])]
+        self.has_hidden = model is not None
+        self.draft_model = None if model is None else model.draft_model
+
+    def add(self, prompt: Sequence[int]) -> None:
+        for member in self.members:
+            member.add(prompt)
+
+    def select(self, rows: Sequence[int]) -> None:
+        for member in self.members:
+            member.select(rows)
+
+    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        for member in self.members:
+            member.advance(emitted)
+
+    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
+                ) -> Proposal | None:
+        model_caps = groups.only("model", caps)
+        if groups.hidden or (speed is None and self.model is not None and any(model_caps)):
+            return self.model.propose(model_caps, groups, clock, speed) if self.model is not None else None
+        with clock.phase("draft forward"):
+            per_copier = [copier.candidates(groups.only(copier.name, caps)) for copier in self.copiers]
+        # Each row copies from the drafter expected to add the most tokens within the row's cap.
+        chosen = [max(zip(self.copiers, options, strict=True),
+                      key=lambda option, cap=cap: -1.0 if option[1] is None else option[1].expected_tokens(cap))
+                  for options, cap in zip(zip(*per_copier, strict=True), caps, strict=True)]
+        best, names = [c for _, c in chosen], [copier.name for copier, _ in chosen]
+        if speed is None:
+            return copied(best, names, None)
+        width, copy_rate = copy_width(best, speed)
+        n_model = speed.draft_length if self.model is not None and any(model_caps) else 0
+        if n_model:
+            # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed.
+            untimed = not speed.draft_steps or 1 not in speed.width
+            if (not width) if untimed else \
+                    speed.tokens_per_second(n_model) >= max(copy_rate, speed.tokens_per_second(0)):
+                return self.model.propose(model_caps, groups, clock, speed)
+        return copied(best, names, speed) if width else None

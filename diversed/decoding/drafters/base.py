@@ -1,0 +1,196 @@
+"""What the decoding loop needs from a drafter, and what every drafter shares.
+
+A drafter proposes up to caps[r] tokens for each row of a batch each round (`propose`), with their draft
+distribution q, or none (a point mass on each drafted token: a drafter that copies text has no distribution),
+and is told afterwards what each row emitted (`advance`: its kept drafts and the next token, or the token of a
+step of the target alone). Rows join with their prompt (`add`) and leave (`select`), as in the backends' Rows.
+The loop speaks to this interface only: the draft model is one drafter among others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from diversed.theory import expected_tokens_per_round
+
+if TYPE_CHECKING:
+    from diversed.backends import Model
+    from diversed.decoding.policy import Groups
+    from diversed.decoding.profile import PhaseClock
+    from diversed.decoding.schedule import SpeedModel
+
+
+@dataclass
+class Proposal:
+    """One round's drafts: tokens [B, n] (row r drafted lengths[r] of them; the rest is padding), q [B, n, V]
+    or None for point masses, the draft model's hidden states [B, n, d] where a head needs them, the draft
+    forwards run, and which drafter wrote each row's drafts (None: the row drafted nothing)."""
+
+    tokens: Tensor
+    lengths: Tensor
+    q: Tensor | None
+    hidden: Tensor | None
+    forwards: int
+    sources: list[str | None]
+    draft_seconds: float = 0.0
+    draft_steps: int = 0
+
+
+class Drafter(Protocol):
+    """Proposes drafts for the rows of a batch; one file per drafter in this package."""
+
+    name: str
+    has_hidden: bool  # whether its proposals carry the draft model's hidden states (what a DIVERSED head reads)
+    draft_model: Model | None  # the draft model it runs, if any
+
+    def add(self, prompt: Sequence[int]) -> None:
+        """A row joins, after the existing ones, with its prompt."""
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only these rows, in this order."""
+
+    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
+                ) -> Proposal | None:
+        """Up to caps[r] drafts for row r (0: none for it); None to have the target decide alone this round.
+        With `speed` (the auto schedule), the drafter chooses how many by predicted speed."""
+
+    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        """What each row wrote this round, in order (its kept drafts, then the next token)."""
+
+
+class Acceptance:
+    """The running acceptance of point-mass drafts, per kind of proposal (a drafter's `bucket`: how long a
+    match it copies from, how the last proposal did): decayed counts of kept drafts and rejections, the
+    maximum-likelihood estimate for geometric runs, each kind starting from `prior` pseudo-counts (kept,
+    rejected).
+
+    It learns from every round, drafted or not: a proposal is compared with what the row then wrote. Where the
+    proposal was verified, that is what the rule kept; where the target decided alone, a token drawn from p
+    equals a proposed x with probability p(x), exact verification's acceptance of a point mass, so the
+    estimate stays unbiased for exact (and conservative for relaxed rules) without drafting to learn."""
+
+    def __init__(self, prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.95) -> None:
+        self.counts: dict[tuple, list[float]] = {}
+        self.prior, self.decay = prior, decay
+
+    def rate(self, bucket: tuple) -> float:
+        kept, rejected = self.counts.get(bucket, self.prior)
+        return kept / (kept + rejected)
+
+    def observe(self, bucket: tuple, proposed: Sequence[int], written: Sequence[int]) -> int:
+        """Score a proposal against what the row wrote; returns how many of its tokens matched."""
+        matched = _common_prefix(proposed, written)
+        counts = self.counts.setdefault(bucket, list(self.prior))
+        counts[0] = self.decay * counts[0] + matched
+        # A mismatch inside what was written is a rejection; a proposal longer than it tells nothing more.
+        counts[1] = self.decay * counts[1] + (matched < min(len(proposed), len(written)))
+        return matched
+
+
+@dataclass
+class Candidate:
+    """A copying drafter's proposal for one row: tokens, the kind of proposal, its predicted acceptance."""
+
+    tokens: list[int]
+    bucket: tuple
+    acceptance: float
+
+    def expected_tokens(self, n: int) -> float:
+        """Tokens a round writes if the first n of these are drafted (geometric acceptance)."""
+        return expected_tokens_per_round([self.acceptance] * min(n, len(self.tokens)))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CopyDrafter:
+    """A drafter that copies from text it has seen (its `candidate` says what): no model, no forward, a point
+    mass on each drafted token. It keeps each row's text (prompt and everything written since) and learns,
+    per kind of proposal, how often its proposals are kept (Acceptance). With a speed model (the auto
+    schedule) it drafts the number of tokens predicted fastest, none included, from the measured verify cost
+    per width: a zero-cost draft pays wherever the tokens it is expected to add outweigh the wider pass."""
+
+    name = "copy"
+    has_hidden = False
+    draft_model = None
+
+    def __init__(self) -> None:
+        self.texts: list[list[int]] = []
+        self.last: list[Candidate | None] = []  # each row's latest candidate, scored by `advance`
+        self.acceptance = Acceptance()
+
+    def candidate(self, row: int, cap: int) -> Candidate | None:
+        """What this drafter would propose for row `row`, at most cap tokens (None: nothing to copy)."""
+        raise NotImplementedError
+
+    def add(self, prompt: Sequence[int]) -> None:
+        self.texts.append([])
+        self.last.append(None)
+        self._append(len(self.texts) - 1, prompt)
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.texts = [self.texts[r] for r in rows]
+        self.last = [self.last[r] for r in rows]
+
+    def candidates(self, caps: Sequence[int]) -> list[Candidate | None]:
+        """Every row's candidate (kept, to be scored against what the row writes)."""
+        self.last = [self.candidate(row, cap) if cap > 0 else None for row, cap in enumerate(caps)]
+        return self.last
+
+    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
+                ) -> Proposal | None:
+        with clock.phase("draft forward"):
+            candidates = self.candidates(caps)
+        return copied(candidates, [self.name] * len(candidates), speed)
+
+    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        for row, (written, last) in enumerate(zip(emitted, self.last, strict=True)):
+            if last is not None:
+                self.acceptance.observe(last.bucket, last.tokens, written)
+            self._append(row, written)
+        self.last = [None] * len(self.texts)
+
+    def _append(self, row: int, tokens: Sequence[int]) -> None:
+        self.texts[row].extend(tokens)
+
+
+def copied(candidates: Sequence[Candidate | None], names: Sequence[str], speed: SpeedModel | None
+           ) -> Proposal | None:
+    """A proposal of point masses from each row's candidate, cut to the width predicted fastest (all of each
+    candidate without a speed model); None where drafting nothing is predicted fastest."""
+    width = max((len(c.tokens) for c in candidates if c is not None), default=0)
+    if speed is not None:
+        width = copy_width(candidates, speed)[0]
+    if width == 0:
+        return None
+    lengths = [0 if c is None else min(len(c.tokens), width) for c in candidates]
+    padded = [(c.tokens[:width] if c is not None else []) for c in candidates]
+    tokens = torch.tensor([t + [t[-1] if t else 0] * (width - len(t)) for t in padded])
+    return Proposal(tokens, torch.tensor(lengths), None, None, 0,
+                    [name if n else None for name, n in zip(names, lengths, strict=True)])
+
+
+def copy_width(candidates: Sequence[Candidate | None], speed: SpeedModel) -> tuple[int, float]:
+    """The width n (0: the target alone) and its predicted tokens per second and row, for drafts that cost
+    nothing: mean over rows of the tokens a round writes, over the verify pass's time at width n + 1. Until a
+    step of the target alone is timed, 0 (so that one is)."""
+    if 1 not in speed.width:
+        return 0, 0.0
+    longest = max((len(c.tokens) for c in candidates if c is not None), default=0)
+    best, best_rate = 0, speed.tokens_per_second(0)
+    for n in range(1, min(longest, speed.maximum) + 1):
+        tokens = sum(1.0 if c is None else c.expected_tokens(n) for c in candidates) / len(candidates)
+        if (rate := tokens / speed.verify_time(n + 1)) > best_rate:
+            best, best_rate = n, rate
+    return best, best_rate

@@ -1,0 +1,86 @@
+"""Prompt lookup: the longest recent n-gram of a row's own text (prompt and output so far) that occurred
+earlier in that text proposes what followed it there (Saxena's prompt lookup decoding; vLLM's n-gram drafter;
+llama.cpp's ngram-simple). Free to run, and right where the answer copies its input: code edits, summaries,
+quotations, a revised answer in a conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diversed.decoding.drafters.base import Candidate, CopyDrafter
+
+LONGEST_MATCH = 8  # the longest n-gram looked up; a longer match is rarer and adds little over 8 tokens
+
+
+def match_class(n: int) -> int:
+    """Match lengths by what they predict of acceptance: 1, 2, 3, 4-5, 6 and more."""
+    return min(n, 6) if n < 4 or n >= 6 else 4
+
+
+def outcome(last: Candidate | None, written: Sequence[int]) -> str:
+    """How a row's previous proposal fared against what it wrote: "run" (all of what could be compared
+    matched: a copy is under way), "miss", or "none" (nothing proposed)."""
+    if last is None or not written:
+        return "none"
+    compared = min(len(last.tokens), len(written))
+    return "run" if list(last.tokens[:compared]) == list(written[:compared]) else "miss"
+
+
+class NgramIndex:
+    """Where each n-gram (1 <= n <= longest) of a growing text last occurred with a token after it."""
+
+    def __init__(self, longest: int = LONGEST_MATCH) -> None:
+        self.longest = longest
+        self.latest: dict[tuple[int, ...], int] = {}  # n-gram -> position of the token that followed it
+
+    def extend(self, text: Sequence[int], start: int) -> None:
+        """Index the n-grams that end right before each of text[start:]."""
+        for i in range(max(start, 1), len(text)):
+            for n in range(1, min(self.longest, i) + 1):
+                self.latest[tuple(text[i - n:i])] = i
+
+    def find(self, text: Sequence[int]) -> tuple[int, int] | None:
+        """(where the continuation starts, n) for the longest suffix n-gram of text seen before; None if none."""
+        for n in range(min(self.longest, len(text)), 0, -1):
+            if (position := self.latest.get(tuple(text[-n:]))) is not None:
+                return position, n
+        return None
+
+
+class LookupDrafter(CopyDrafter):
+    """Prompt lookup over each row's own text."""
+
+    name = "lookup"
+
+    def __init__(self) -> None:
+        self.indexes: list[NgramIndex] = []
+        self.outcomes: list[str] = []
+        super().__init__()
+
+    def add(self, prompt: Sequence[int]) -> None:
+        self.indexes.append(NgramIndex())
+        self.outcomes.append("none")
+        super().add(prompt)
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.indexes = [self.indexes[r] for r in rows]
+        self.outcomes = [self.outcomes[r] for r in rows]
+        super().select(rows)
+
+    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
+        super().advance(emitted)
+
+    def candidate(self, row: int, cap: int) -> Candidate | None:
+        text = self.texts[row]
+        found = self.indexes[row].find(text)
+        if found is None:
+            return None
+        start, n = found
+        bucket = (match_class(n), self.outcomes[row])
+        return Candidate(text[start:start + cap], bucket, self.acceptance.rate(bucket))
+
+    def _append(self, row: int, tokens: Sequence[int]) -> None:
+        start = len(self.texts[row])
+        super()._append(row, tokens)
+        self.indexes[row].extend(self.texts[row], start)

@@ -1,0 +1,96 @@
+"""The draft model as a drafter: up to N tokens a round, one forward each, with their distributions q and, for a
+DIVERSED head, the draft's hidden states. It keeps each row's text and the tokens its cache holds; what the
+cache has not seen (a prompt, tokens written while it did not draft) is fed at the start of its next round."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from diversed.backends import Model
+from diversed.decoding.drafters.base import Proposal, _common_prefix
+from diversed.decoding.policy import Groups
+from diversed.decoding.profile import PhaseClock
+from diversed.decoding.schedule import SpeedModel
+
+
+class ModelDrafter:
+    """A draft model's rows. confidence: a row stops drafting in a round once its drafted token had draft
+    probability below this (the token itself is still proposed); 0 disables it."""
+
+    name = "model"
+    has_hidden = True
+
+    def __init__(self, model: Model, capacity: int, confidence: float = 0.0) -> None:
+        self.draft_model, self.confidence = model, confidence
+        self.rows = model.rows(0, capacity)
+        self.texts: list[list[int]] = []
+        self.fed: list[list[int]] | None = None  # this round's drafts that the cache saw, per row
+
+    def add(self, prompt: Sequence[int]) -> None:
+        self.rows.extend(1)
+        self.texts.append(list(prompt))
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.rows.select(rows)
+        self.texts = [self.texts[r] for r in rows]
+
+    @property
+    def behind(self) -> int:
+        """The most tokens a row's cache has not seen: over 2, a round's forwards are not draft steps alone."""
+        return max((len(t) - n for t, n in zip(self.texts, self.rows.lengths, strict=True)), default=0)
+
+    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
+                ) -> Proposal | None:
+        if speed is not None:
+            caps = [min(c, speed.draft_length) for c in caps]
+        if max(caps, default=0) == 0:
+            return None
+        catch_up = self.behind > 2
+        pending = [t[n:] for t, n in zip(self.texts, self.rows.lengths, strict=True)]
+        drafts, q, hidden, lengths, seconds = _draft(self.rows, pending, list(caps), groups, self.confidence, clock)
+        self.fed = [row[:-1] for row in drafts.tolist()]  # the last draft is never fed
+        steps = seconds[1:] if catch_up else seconds  # a first step that caught up is no draft step's cost
+        return Proposal(drafts, lengths, q, hidden, drafts.shape[1],
+                        [self.name if n else None for n in lengths.tolist()], sum(steps), len(steps))
+
+    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        if self.fed is not None:  # keep what the cache saw that the row then wrote, less its last token, which
+            # the next round feeds to draft from
+            self.rows.truncate([len(t) + min(_common_prefix(f, e), len(e) - 1)
+                                for t, f, e in zip(self.texts, self.fed, emitted, strict=True)])
+            self.fed = None
+        for text, written in zip(self.texts, emitted, strict=True):
+            text.extend(written)
+
+
+def _draft(draft, tokens: list[list[int]], caps: list[int], groups: Groups, confidence: float,
+           clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor, list[float]]:
+    """Propose up to caps[r] tokens for row r. Returns drafts [B, n'], their distributions q [B, n', V], the
+    draft's hidden states that produced q [B, n', d] (when the groups need them), each row's draft length
+    [B] (its cap, or less where the confidence cut-off stopped it; n' is the longest), and each forward's
+    seconds."""
+    drafts, probs, states, seconds = [], [], [], []
+    lengths = torch.tensor(caps)
+    for i in range(max(max(caps), 1)):
+        before = clock.seconds["draft forward"]
+        with clock.phase("draft forward"):
+            h, logits = draft.feed(tokens, 1, hidden=groups.hidden)
+        seconds.append(clock.seconds["draft forward"] - before)
+        with clock.phase("sampling"):
+            q = groups.probs(logits[:, -1])
+            x = groups.sample(q)
+        drafts.append(x)
+        probs.append(q)
+        if groups.hidden:
+            states.append(h[:, -1])
+        if confidence:
+            unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
+            lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
+        if (lengths <= i + 1).all():
+            break
+        tokens = [[t] for t in x.tolist()]
+    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.hidden else None,
+            lengths.clamp(max=len(drafts)), seconds)

@@ -1,0 +1,144 @@
+"""Drafters (diversed.decoding.drafters): prompt lookup, the shared suffix cache, the auto choice, and every rule
+on point-mass drafts, on tiny models and toy distributions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diversed.backends import as_model
+from diversed.decoding.drafters import DRAFTERS, LookupDrafter, SuffixCache, SuffixDrafter, make_drafter
+from diversed.decoding.drafters.base import Acceptance
+from diversed.decoding.engine import Batch, Job, decode
+from diversed.decoding.method import Method
+from diversed.decoding.policy import Policy
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
+from diversed.verify import acceptance_probability
+
+from tiny import perturbed, tiny_model
+
+GREEDY = Sampling(0)
+# Prompts that repeat themselves, so that copying finds something.
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4], [9, 2, 6, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 5, 3, 5], [2, 7, 2, 7, 2]]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(0)
+    return as_model(target), as_model(perturbed(target, 0.05, 1))
+
+
+def test_lookup_proposes_what_followed_the_longest_earlier_match():
+    drafter = LookupDrafter()
+    drafter.add([7, 1, 2, 3, 4, 5, 8, 2, 3, 9, 1, 2, 3])  # "1 2 3" came before "4 5": "2 3" alone before "9" too
+    (candidate,) = drafter.candidates([4])
+    assert candidate.tokens == [4, 5, 8, 2]
+    drafter.add([5, 6, 7])  # nothing repeats
+    assert drafter.candidates([4, 4])[1] is None
+
+
+def test_the_suffix_cache_proposes_the_most_frequent_continuation_with_its_frequency():
+    cache = SuffixCache()
+    for text in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 5]):
+        cache.finish(cache.open(text), 0)
+    tokens, n, frequency = cache.continuation([9, 1, 2], cap=4)
+    assert (tokens, n) == ([3, 4], 2) and frequency == pytest.approx(2 / 3)
+
+
+def test_a_finished_request_leaves_its_output_and_forgets_its_prompt():
+    cache = SuffixCache()
+    drafter = SuffixDrafter(cache)
+    drafter.add([11, 12, 13, 14])
+    drafter.advance([[21, 22, 23]])
+    drafter.select([])  # the request finished
+    assert cache.continuation([11, 12], cap=3) is None  # the prompt is gone
+    assert cache.continuation([21], cap=3)[0] == [22, 23]  # the output stays for later requests
+    assert cache.held == 3
+
+
+def test_the_suffix_cache_holds_at_most_its_budget_of_finished_text():
+    cache = SuffixCache(max_tokens=50)
+    for i in range(20):
+        cache.finish(cache.open([100 + i] * 3 + list(range(i, i + 7))), 0)
+    assert cache.held <= 50 and len(cache.texts) == 5
+    remembered = {place for places in cache.occurrences.values() for place in places}
+    assert {text for text, _ in remembered} == set(cache.texts)  # nothing indexed of a forgotten text
+
+
+def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted():
+    estimate = Acceptance((0.0, 0.0), decay=1.0)
+    assert estimate.observe(("b",), [5, 6, 7], [5, 6, 9]) == 2  # two kept, then a rejection
+    assert estimate.observe(("b",), [5, 6], [5]) == 1  # a step of the target alone: one matched, no verdict after
+    assert estimate.rate(("b",)) == pytest.approx(3 / 4)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("schedule", [DraftLength(4), DraftLength(2, "auto", maximum=6)])
+def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(models, drafter, schedule):
+    target, draft = models
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=30)
+    spec = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
+                  draft_length=schedule, max_new_tokens=30)
+    assert spec.tokens == plain.tokens
+    for s in spec.stats:
+        assert s.rule_tokens + s.target_tokens == s.new_tokens
+        assert sum(d for d, _ in s.drafters.values()) == s.drafted
+        assert set(s.drafters) <= {"model", "lookup", "suffix"}
+
+
+def test_copying_drafters_cost_no_draft_forward_and_their_drafts_are_named(models):
+    target, _ = models
+    out = decode(target, PROMPTS, drafter="lookup", method=Method("exact"), sampling=GREEDY,
+                 draft_length=DraftLength(4), max_new_tokens=30)
+    assert all(s.draft_forwards == 0 for s in out.stats)
+    assert sum(s.drafted for s in out.stats) > 0 and all(set(s.drafters) <= {"lookup"} for s in out.stats)
+
+
+def test_a_repeated_request_is_proposed_from_the_earlier_answer_in_the_shared_cache(models):
+    """A server's second request that repeats an earlier answer: the suffix cache proposes it, and greedy exact
+    keeps most of it, in far fewer target passes than the first request took."""
+    target, _ = models
+    cache = SuffixCache()
+    prompt = [4, 8, 15, 16, 23, 42]
+    runs = [decode(target, [prompt], drafter="suffix", cache=cache, method=Method("exact"), sampling=GREEDY,
+                   draft_length=DraftLength(8), max_new_tokens=40).stats[0] for _ in range(2)]
+    first, second = runs
+    assert second.drafters["suffix"][0] >= 30 and second.accepted / second.drafted > 0.8
+    assert second.target_forwards < first.target_forwards / 3
+
+
+def test_the_head_is_refused_on_drafts_without_a_draft_model(models):
+    target, _ = models
+    job = Job([1, 2, 3], Policy(Method("diversed"), GREEDY, weight_fn=lambda hd, ht: torch.ones(hd.shape[:2])))
+    with pytest.raises(ValueError, match="hidden states"):
+        Batch(target, make_drafter("lookup")).add(job)
+
+
+def test_a_row_that_allows_one_drafter_gets_drafts_from_it_only(models):
+    target, draft = models
+    batch = Batch(target, make_drafter("auto", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
+    jobs = [Job(list(p), Policy(Method("exact"), GREEDY, drafter=name), 24) for p, name in
+            zip(PROMPTS, ["lookup", "model"], strict=False)]
+    for job in jobs:
+        batch.add(job)
+    while batch.jobs:
+        batch.step()
+    assert set(jobs[0].stats.drafters) <= {"lookup"} and set(jobs[1].stats.drafters) <= {"model"}
+
+
+# A point mass q = one-hot(x) under each rule's closed form (test_verify's "one-hot-q" cases check what the
+# output follows).
+P = torch.tensor([0.5, 0.25, 0.15, 0.1])
+X = 1  # the drafted token
+
+
+@pytest.mark.parametrize(("method", "acceptance"), [
+    (Method("exact"), P[X]),
+    (Method("static", weight=0.6), 0.6 * P[X] + 0.4),
+    (Method("lossy", lenience=0.5), min(1.0, P[X] / 0.5)),
+])
+def test_a_point_mass_draft_is_accepted_with_the_rules_closed_form(method, acceptance):
+    q = torch.nn.functional.one_hot(torch.tensor(X), 4).float()
+    got = acceptance_probability(method.rule, P, q, **method.verify_params())
+    assert float(got) == pytest.approx(float(acceptance))
