@@ -9,10 +9,11 @@ from diversed.tasks.humaneval import HUMANEVAL
 from diversed.tasks.humanevalplus import HUMANEVAL_PLUS
 from diversed.tasks.jsonl import jsonl_task
 from diversed.tasks.mbpp import MBPP, MBPP_SANITIZED
+from diversed.tasks.mbpp_edit import MBPP_EDIT, MBPP_EDIT_2TURN
 from diversed.tasks.task import Example, Task
 
-TASKS = {task.name: task for task in (HUMANEVAL, HUMANEVAL_PLUS, MBPP, MBPP_SANITIZED, GSM8K, GSM8K_PLAIN,
-                                      CNN_DAILYMAIL, XSUM)}
+TASKS = {task.name: task for task in (HUMANEVAL, HUMANEVAL_PLUS, MBPP, MBPP_SANITIZED, MBPP_EDIT, MBPP_EDIT_2TURN,
+                                      GSM8K, GSM8K_PLAIN, CNN_DAILYMAIL, XSUM)}
 
 
 def get_task(name: str) -> Task:
