@@ -120,7 +120,8 @@ def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
     with pytest.raises(RuntimeError, match="full"):
         batch.add(job(PROMPTS[1], Method("auto")))
     with pytest.raises(ValueError, match="context"):
-        Batch(target, make_drafter("model", draft, capacity=1), capacity=1).add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
+        one_row = Batch(target, make_drafter("model", draft, capacity=1), capacity=1)
+        one_row.add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
 
 
 def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():

@@ -155,8 +155,10 @@ class Job:
         if self.on_tokens is not None:
             self.on_tokens(self, [])
 
-    def emit(self, new: list[int], eos: set[int], last_is_bonus: bool = False) -> bool:
-        """Append new tokens, cut at EOS, the length limit or a stop string; True if the job is finished."""
+    def emit(self, new: list[int], eos: set[int], last_is_bonus: bool = False, kept: int = 0, drafted: int = 0
+             ) -> bool:
+        """Append a round's new tokens (its `kept` drafts of `drafted`, then the next token), cut at EOS, the
+        length limit or a stop string; True if the job is finished."""
         added = []
         for i, token in enumerate(new):
             added.append(token)
@@ -176,6 +178,7 @@ class Job:
             end = next(start + k for k in range(1, len(added) + 1) if self.stop(self.tokens[:start + k]))
             del self.tokens[end:], self.bonus[end:], added[end - start:]
         self.stats.new_tokens = len(self.tokens)
+        self.stats.count_deciders(len(added), kept, drafted)
         if self.finished:
             self.stats.wall_time = time.perf_counter() - self.started
         if self.on_tokens is not None:
@@ -287,9 +290,7 @@ class Batch:
         for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
             if not _failed(job, groups, row):
-                written = len(job.tokens)
                 job.emit([t], self.eos)
-                job.stats.target_tokens += len(job.tokens) - written
         if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
             speed.observe_plain(self.clock.seconds["target forward"] - before)
             speed.draft_length = speed.best_length()
@@ -308,8 +309,7 @@ class Batch:
             job.stats.add_round(drafted, kept, proposal.forwards, source)
             if not _failed(job, groups, row):
                 written = len(job.tokens)
-                job.emit(new, self.eos, last_is_bonus=kept == drafted)
-                job.stats.count_deciders(len(job.tokens) - written, kept, drafted)
+                job.emit(new, self.eos, last_is_bonus=kept == drafted, kept=kept, drafted=drafted)
                 if job.trace is not None:
                     job.trace.add(result, row, len(job.tokens) - written)
         if speed is None:
