@@ -208,6 +208,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("method 'dynamic' takes its weights from a Python weight function; on the command line "
                          "use --method diversed (a trained head)")
     if args.delta is not None:
+        if method.name == "cactus":  # its own delta, the KL budget, is set as its parameter
+            raise ValueError("--delta is typical's entropy factor; cactus's budget is --method cactus:DELTA")
         method = replace(method, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
     backend = _check_load_options(args)

@@ -8,6 +8,9 @@ nothing about models: tensors and a random generator in, decisions out.
 All rules but "typical" share one shape (docs/algorithm.md section 2.1): each defines a verification target pi_i,
 accepts x_i with probability min(1, pi_i(x_i) / q_i(x_i)), stops at the first rejection and draws the
 correction from norm(max(0, pi_i - q_i)). Every emitted non-bonus token is then distributed exactly as pi_i.
+A rule may depart from that shape in two declared ways: a relaxed test (lossy's lenience, and lossy-entropy's
+where the target is uncertain), or a target that depends on the drafted token itself (cactus raises the
+draft's own probability); their outputs are derived in docs/algorithm.md sections 2.6 and 9.
 
 Every rule is declared once, in RULES: its name, its parameters, its verification target, and where it
 departs from the shared shape. Adding a rule of that shape is one entry there.
@@ -15,8 +18,8 @@ departs from the shared shape. Adding a rule of that shape is one entry there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +28,16 @@ from torch import Tensor
 # Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
 TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
+# vLLM's default entropy gate for FLy (fly_entropy_threshold, nats), and JuDi's confidence above which it matches
+# strictly (confidence_threshold in the authors' code).
+FLY_ENTROPY_THRESHOLD = 0.3
+JUDI_MAX_CONFIDENCE = 0.9
+
+# A parameter's range: a test, and what it says when a value fails it.
+Range = tuple[Callable[[object], bool], str]
+_UNIT: Range = (lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+_POSITIVE: Range = (lambda v: 0.0 < v < float("inf"), "positive and finite")
+_NON_NEGATIVE: Range = (lambda v: 0.0 <= v < float("inf"), "non-negative and finite")
 
 
 @dataclass(frozen=True)
@@ -32,10 +45,15 @@ class Rule:
     """A verification rule.
 
     parameters: the keyword arguments of verify() it takes (the first is the one "name:value" sets);
-    optional: whether they may be left out (typical's have Medusa's defaults).
+    defaults: the values of those that may be left out (typical's are Medusa's, lossy-entropy's FLy's, judi's
+    JuDi's).
+    ranges: where a parameter's range is not PARAMETER_RANGES' (a letter two papers use for different things).
     target(p, q, **parameters): pi, what its ratio test verifies against and what its output follows; None
     for a rule with a test of its own (typical).
-    relax(**parameters): accept with min(1, pi / (relax q)) instead of min(1, pi / q) (lossy's lenience).
+    raise_draft(pi_x, **parameters): for a target that depends on the drafted token x (cactus): the mass x gets
+    in it, from its mass pi(x) in `target`; the other tokens keep their proportions (_target).
+    relax(p, **parameters): accept with min(1, pi / (relax q)) instead of min(1, pi / q) (lossy's lenience): a
+    number, or a tensor [...] with one per position (lossy-entropy's, from the entropy of p).
     correct_from_p: draw the correction from norm(max(0, p - q)); for the ensembles it is the same
     distribution as norm(max(0, nu - q)) for every w > 0 (nu - q = w (p - q)), without the cancellation.
     """
@@ -43,10 +61,23 @@ class Rule:
     name: str
     summary: str
     parameters: tuple[str, ...] = ()
-    optional: bool = False
+    defaults: Mapping[str, float] = field(default_factory=dict)
+    ranges: Mapping[str, Range] = field(default_factory=dict)
     target: Callable[..., Tensor] | None = None
-    relax: Callable[..., float] | None = None
+    raise_draft: Callable[..., Tensor] | None = None
+    relax: Callable[..., float | Tensor] | None = None
     correct_from_p: bool = False
+
+    @property
+    def optional(self) -> bool:
+        """Whether the name alone is a complete method: its first parameter has a default ("typical")."""
+        return bool(self.parameters) and self.parameters[0] in self.defaults
+
+
+def _p(p: Tensor, q: Tensor, **_: float) -> Tensor:
+    """The target itself: what exact verifies against, and where lossy's relaxed test and cactus's raised
+    target start from."""
+    return p
 
 
 def _mixture(p: Tensor, q: Tensor, weight: float | Tensor) -> Tensor:
@@ -68,10 +99,34 @@ def _token(p: Tensor, q: Tensor, alpha: float) -> Tensor:
     return q_allowed + (1.0 - q_allowed.sum(-1, keepdim=True)) * p
 
 
+def _gated_lenience(p: Tensor, lenience: float, entropy_threshold: float) -> Tensor:
+    """Lossy's 1 - l where the target is uncertain, H(p) >= the threshold, and 1 (the exact test) where it is
+    sure: FLy's gate. Where the target is sure a disagreeing draft is an error; where it is not, a choice."""
+    return 1.0 - lenience * (_entropy(p) >= entropy_threshold).to(p.dtype)
+
+
+def _cactus_mass(p_x: Tensor, delta: float) -> Tensor:
+    """Hao & Mou's closed form: the most mass the drafted token can take from the others, in proportion, within
+    a KL budget delta to second order. Moving p(x) to h that way costs chi^2 = (h - p(x))^2 / (p(x)(1 - p(x)))
+    and KL = chi^2 / 2 + O((h - p(x))^3), so h = p(x) + sqrt(2 delta p(x)(1 - p(x))), at most 1."""
+    spread = (p_x * (1.0 - p_x)).clamp_min(0.0)  # a p(x) rounded above 1 has none
+    return (p_x + torch.sqrt(2.0 * delta * spread)).clamp(max=1.0)
+
+
+def _judi(p: Tensor, q: Tensor, epsilon: float, max_confidence: float) -> Tensor:
+    # KL(p || q) is infinite where q misses mass p has: a point-mass draft is never trusted unless p is one too.
+    # Rounding can put two near-equal rows a hair below 0: clamped, epsilon = 0 is exactly "exact".
+    trusted = (_kl(p, q).clamp_min(0.0) < epsilon) & (p.amax(-1) <= max_confidence)
+    return torch.where(trusted.unsqueeze(-1), q, p)
+
+
 RULES: dict[str, Rule] = {rule.name: rule for rule in (
-    Rule("exact", "p: lossless (Leviathan et al., Chen et al.)", target=lambda p, q: p),
+    Rule("exact", "p: lossless (Leviathan et al., Chen et al.)", target=_p),
     Rule("lossy", "accept with min(1, p/((1-l) q)), correct from norm(max(0, p - q))", ("lenience",),
-         target=lambda p, q, lenience=None: p, relax=lambda lenience: 1.0 - lenience),
+         target=_p, relax=lambda p, lenience: 1.0 - lenience),
+    Rule("lossy-entropy", "lossy's test where the target is uncertain, H(p) >= h nats (FLy's gate), exact elsewhere",
+         ("lenience", "entropy_threshold"), defaults={"entropy_threshold": FLY_ENTROPY_THRESHOLD},
+         target=_p, relax=_gated_lenience),
     Rule("static", "w p + (1-w) q, one w", ("weight",), target=_mixture, correct_from_p=True),
     Rule("dynamic", "w_i p + (1-w_i) q, a w per sequence and position (the DIVERSED head)", ("weight",),
          target=_mixture, correct_from_p=True),
@@ -79,8 +134,12 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
     Rule("cascade-opt", "q if max q >= max p - a TV(q, p), else p", ("alpha",), target=_opt),
     Rule("cascade-token", "q on the tokens p rates within (1 - a) of its best, the rest of the mass on p",
          ("alpha",), target=_token),
+    Rule("cactus", "p with the draft raised to p(x) + sqrt(2 d p(x)(1 - p(x))), the rest scaled down: a KL budget d "
+         "(Hao & Mou)", ("delta",), ranges={"delta": _NON_NEGATIVE}, target=_p, raise_draft=_cactus_mass),
+    Rule("judi", "q where KL(p || q) < eps and max p <= c, else p (JuDi, Sun et al.)", ("epsilon", "max_confidence"),
+         defaults={"max_confidence": JUDI_MAX_CONFIDENCE}, ranges={"epsilon": _NON_NEGATIVE}, target=_judi),
     Rule("typical", "deterministic: accept iff p(x) > min(eps, delta exp(-H(p))) (Medusa)", ("epsilon", "delta"),
-         optional=True),
+         defaults={"epsilon": TYPICAL_EPSILON, "delta": TYPICAL_DELTA}),
 )}
 
 
@@ -89,13 +148,15 @@ def _unit_interval(value) -> bool:
     return bool(torch.isfinite(value).all() and (value >= 0).all() and (value <= 1).all())
 
 
-# The range of each parameter: a test and what it says when the value fails it.
-PARAMETER_RANGES: dict[str, tuple[Callable[[object], bool], str]] = {
+# The range of each parameter, by name; a rule's own `ranges` take precedence.
+PARAMETER_RANGES: dict[str, Range] = {
     "weight": (_unit_interval, "in [0, 1]"),
     "lenience": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "alpha": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-    "epsilon": (lambda v: v > 0 and v < float("inf"), "positive and finite"),
-    "delta": (lambda v: v > 0 and v < float("inf"), "positive and finite"),
+    "alpha": _UNIT,
+    "epsilon": _POSITIVE,
+    "delta": _POSITIVE,
+    "entropy_threshold": _NON_NEGATIVE,
+    "max_confidence": _UNIT,
 }
 
 _BLOCK = 512  # tokens per block of draw(); any size is exact, this one measured fastest for 152k tokens
@@ -123,6 +184,8 @@ def verify(
     alpha: float | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
+    entropy_threshold: float | None = None,
+    max_confidence: float | None = None,
     greedy: bool = False,
     generator: torch.Generator | None = None,
     validate: bool = True,
@@ -132,32 +195,39 @@ def verify(
     Args:
         rule: one of RULES.
         draft_tokens: long [B, N], the drafted tokens (x_i ~ q_i, or argmax q_i in greedy mode).
-        draft_probs: [B, N, V], q_i, already tempered / top-k / top-p filtered.
+        draft_probs: [B, N, V], q_i, already tempered / top-k / top-p filtered; a one-hot row for a draft copied
+            from text (a point mass: no draft distribution).
         target_probs: [B, N+1, V], p_i, processed the same way.
         weight: w, the weight on the target: a float in [0, 1] for "static", a [B, N] tensor for "dynamic".
-        lenience: l in [0, 1) for "lossy".
+        lenience: l in [0, 1) for "lossy" and "lossy-entropy".
         alpha: the deferral parameter in [0, 1] of the cascade rules.
-        epsilon, delta: thresholds of "typical" (defaults TYPICAL_EPSILON, TYPICAL_DELTA).
+        epsilon, delta: thresholds of "typical" (defaults TYPICAL_EPSILON, TYPICAL_DELTA); epsilon is also
+            "judi"'s KL(p || q) threshold and delta "cactus"'s KL budget, in nats, both >= 0 (0 is exact).
+        entropy_threshold: the entropy of p, in nats, from which "lossy-entropy" is lenient (default
+            FLY_ENTROPY_THRESHOLD).
+        max_confidence: "judi" trusts the draft only where max p is at most this (default JUDI_MAX_CONFIDENCE).
         greedy: accept iff the draft equals argmax pi_i; the correction is argmax pi_i, the bonus argmax p.
-            ("lossy" verifies against p, so greedy lossy is greedy exact.)
+            ("lossy" and "lossy-entropy" verify against p, so greedy they are greedy exact; "cactus" against
+            its raised target, so it keeps a draft its budget lifts to the top.)
         generator: the source of randomness in sampling mode, for reproducible runs.
         validate: check shapes, ranges and that the probabilities are distributions (a few ms on large V).
 
     Returns:
         A Verification. No Python loop over the batch: every sequence is decided at once.
     """
+    given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta,
+             "entropy_threshold": entropy_threshold, "max_confidence": max_confidence}
     if validate:
-        _check_inputs(rule, draft_tokens, draft_probs, target_probs, weight, lenience, alpha, epsilon, delta)
+        _check_inputs(rule, draft_tokens, draft_probs, target_probs, given)
+    spec = RULES[rule]
+    params = {**spec.defaults, **{k: v for k, v in given.items() if k in spec.parameters and v is not None}}
     q = draft_probs.float()
     p = target_probs.float()
     n = draft_tokens.shape[1]
     if rule == "typical":
-        return _typical(draft_tokens, p, greedy, generator,
-                        TYPICAL_EPSILON if epsilon is None else epsilon, TYPICAL_DELTA if delta is None else delta)
+        return _typical(draft_tokens, p, greedy, generator, **params)
 
-    spec = RULES[rule]
-    params = {k: v for k, v in (("weight", weight), ("lenience", lenience), ("alpha", alpha)) if k in spec.parameters}
-    pi = spec.target(p[:, :n], q, **params)
+    pi = _target(spec, p[:, :n], q, draft_tokens, params)
     if greedy:
         target_choice = pi.argmax(-1)
         passed = draft_tokens == target_choice
@@ -166,7 +236,7 @@ def verify(
         pi_x = pi.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         if spec.relax is not None:
-            q_x = spec.relax(**params) * q_x
+            q_x = spec.relax(p[:, :n], **params) * q_x
         # q(x) = 0 cannot be drafted by sampling; if it is given anyway, accept iff pi(x) > 0.
         accept_prob = (pi_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp(max=1.0)
         passed = torch.rand(accept_prob.shape, generator=generator, device=accept_prob.device) < accept_prob
@@ -187,28 +257,69 @@ def verify(
     return Verification(num_accepted, next_token, accepted, accept_prob)
 
 
-def verification_target(rule: str, p: Tensor, q: Tensor, **params: float | Tensor) -> Tensor:
+def verification_target(rule: str, p: Tensor, q: Tensor, *, draft: Tensor | None = None,
+                        **params: float | Tensor) -> Tensor:
     """The distribution pi that a rule verifies against, for p, q of shape [..., V] (RULES[rule].target):
-    p for "exact" and "lossy"; nu = w p + (1 - w) q for "static"/"dynamic" (w broadcast over the leading
-    dimensions); the deferral rule's pi for the cascades. This is also each rule's output distribution,
-    except for "lossy", whose ratio test is relaxed."""
-    if rule not in RULES or RULES[rule].target is None:
-        raise ValueError(f"rule {rule!r} has no verification target; choose one of "
-                         f"{[name for name, r in RULES.items() if r.target is not None]}")
-    return RULES[rule].target(p, q, **params)
+    p for "exact", "lossy" and "lossy-entropy"; nu = w p + (1 - w) q for "static"/"dynamic" (w broadcast over
+    the leading dimensions); the deferral rule's pi for the cascades and "judi"; for "cactus", h_x, p with the
+    drafted token x raised, so it needs `draft`, long [...]. This is also each rule's output distribution,
+    except where the test is relaxed ("lossy", "lossy-entropy") and for "cactus", whose target moves with x
+    (its output: docs/algorithm.md section 9)."""
+    spec = _with_target(rule)
+    if spec.raise_draft is not None and draft is None:
+        raise ValueError(f"rule {rule!r} raises the drafted token in its target: pass draft")
+    return _target(spec, p, q, draft, {**spec.defaults, **params})
 
 
 def acceptance_probability(rule: str, p: Tensor, q: Tensor, **params: float | Tensor) -> Tensor:
-    """Probability that a draft x ~ q passes the rule's test at one position: sum_x min(q(x), pi(x) / relax),
-    i.e. 1 - TV(q, pi) when nothing relaxes the test (docs/algorithm.md section 2.6). p, q: [..., V]."""
-    pi = verification_target(rule, p, q, **params)
-    relax = RULES[rule].relax
-    return torch.minimum(q, pi / (relax(**params) if relax else 1.0)).sum(-1)
+    """Probability that a draft x ~ q passes the rule's test at one position: sum_x min(q(x), a(x)), a(x) the
+    mass that keeps a drafted x: pi(x), over relax where the test is relaxed, and the raised mass where the
+    target moves with x (cactus); i.e. 1 - TV(q, pi) when neither (docs/algorithm.md section 2.6). p, q:
+    [..., V]."""
+    spec = _with_target(rule)
+    params = {**spec.defaults, **params}
+    kept = spec.target(p, q, **params)
+    if spec.raise_draft is not None:
+        kept = spec.raise_draft(kept, **params)  # elementwise: what each token would get, were it the draft
+    if spec.relax is not None:
+        kept = kept / torch.as_tensor(spec.relax(p, **params), dtype=p.dtype, device=p.device).unsqueeze(-1)
+    return torch.minimum(q, kept).sum(-1)
+
+
+def _with_target(rule: str) -> Rule:
+    if rule not in RULES or RULES[rule].target is None:
+        raise ValueError(f"rule {rule!r} has no verification target; choose one of "
+                         f"{[name for name, r in RULES.items() if r.target is not None]}")
+    return RULES[rule]
+
+
+def _target(spec: Rule, p: Tensor, q: Tensor, draft: Tensor | None, params: dict) -> Tensor:
+    """The rule's pi at each drafted position, p, q [..., V], draft long [...]."""
+    pi = spec.target(p, q, **params)
+    if spec.raise_draft is None:
+        return pi
+    index = draft.unsqueeze(-1)
+    pi_x = pi.gather(-1, index)
+    raised = spec.raise_draft(pi_x, **params)
+    # The others keep their proportions: of all distributions giving x that mass, the closest to pi in every
+    # f-divergence, KL included (Jensen). Where pi(x) = 1 there is nothing else to scale (0 / tiny = 0).
+    rest = (1.0 - raised) / (1.0 - pi_x).clamp_min(torch.finfo(pi.dtype).tiny)
+    return (pi * rest).scatter(-1, index, raised)
 
 
 def total_variation(a: Tensor, b: Tensor) -> Tensor:
     """TV(a, b) = 0.5 * sum_x |a(x) - b(x)| over the last dimension."""
     return 0.5 * (a - b).abs().sum(-1)
+
+
+def _entropy(p: Tensor) -> Tensor:
+    """H(p) = -sum_x p(x) log p(x), in nats, over the last dimension."""
+    return torch.special.entr(p).sum(-1)
+
+
+def _kl(a: Tensor, b: Tensor) -> Tensor:
+    """KL(a || b) = sum_x a(x) log(a(x) / b(x)) over the last dimension: infinite where b misses mass a has."""
+    return (torch.special.xlogy(a, a) - torch.special.xlogy(a, b)).sum(-1)
 
 
 def _residual(pi: Tensor, q: Tensor) -> Tensor:
@@ -224,7 +335,7 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
     """Typical acceptance (Medusa): keep x_i iff p_i(x_i) > min(epsilon, delta * exp(-H(p_i)))."""
     n = draft_tokens.shape[1]
     p_draft = p[:, :n]
-    entropy = torch.special.entr(p_draft).sum(-1)
+    entropy = _entropy(p_draft)
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
     passed = p_draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > threshold
     accepted = passed.long().cumprod(-1).bool()
@@ -237,7 +348,8 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
     return Verification(num_accepted, next_token, accepted, passed.float())
 
 
-def _check_inputs(rule, draft_tokens, draft_probs, target_probs, weight, lenience, alpha, epsilon, delta):
+def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,
+                  params: dict) -> None:
     if draft_tokens.dim() != 2 or draft_tokens.dtype != torch.long:
         raise ValueError(f"draft_tokens must be a long tensor [B, N], got {draft_tokens.dtype} "
                          f"{tuple(draft_tokens.shape)}")
@@ -262,29 +374,30 @@ def _check_inputs(rule, draft_tokens, draft_probs, target_probs, weight, lenienc
         worst = (probs.sum(-1) - 1.0).abs().max() if probs.numel() else 0.0
         if worst > _PROB_TOLERANCE:
             raise ValueError(f"{name} rows must sum to 1 (within {_PROB_TOLERANCE}); one is off by {worst:.3g}")
-    check_parameters(rule, weight=weight, lenience=lenience, alpha=alpha, epsilon=epsilon, delta=delta,
-                     shape=(b, n))
+    check_parameters(rule, **params, shape=(b, n))
 
 
 def check_parameters(rule: str, *, weight: float | Tensor | None = None, lenience: float | None = None,
                      alpha: float | None = None, epsilon: float | None = None, delta: float | None = None,
+                     entropy_threshold: float | None = None, max_confidence: float | None = None,
                      shape: tuple[int, int] | None = None) -> None:
     """Raise ValueError unless the rule gets exactly its parameters, in range. `shape` (B, N) is the shape
     a "dynamic" weight tensor must have (unchecked when None)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {tuple(RULES)}, got {rule!r}")
     spec = RULES[rule]
-    given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta}
+    given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta,
+             "entropy_threshold": entropy_threshold, "max_confidence": max_confidence}
     for name, value in given.items():
         if value is None:
-            if name in spec.parameters and not spec.optional:
+            if name in spec.parameters and name not in spec.defaults:
                 raise ValueError(f"rule {rule!r} needs {name}")
             continue
         if name not in spec.parameters:
             raise ValueError(f"{name} does not apply to rule {rule!r}")
         if name == "weight":
             _check_weight(rule, value, shape)
-        test, accepted = PARAMETER_RANGES[name]
+        test, accepted = spec.ranges.get(name, PARAMETER_RANGES[name])
         if not test(value):
             raise ValueError(f"{name} must be {accepted}, got {_describe(value)}")
 

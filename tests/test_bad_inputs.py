@@ -114,6 +114,9 @@ GENERATE = [
     (["--method", "bogus:1"], "method must be one of"),
     (["--method", "diversed:gsm8k@nan"], "finite number"),
     *[(["--method", m, "--delta", "0.5"], "takes no delta") for m in ("diversed", "auto")],
+    (["--method", "cactus:0.1", "--delta", "0.5"], "cactus:DELTA"),
+    *[(["--method", m], e) for m, e in (
+        ("cactus:-1", "delta"), ("judi:-0.1", "epsilon"), ("lossy-entropy:1", "lenience"))],
     (["--draft-schedule", "banana"], "invalid choice"),
     (["--draft-schedule", "auto", "--draft-len", "40"], "draft length"),
     (["--dtype", "banana"], "invalid choice"),

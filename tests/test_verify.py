@@ -861,7 +861,8 @@ def test_every_rule_accepts_its_valid_parameters():
     params = {"exact": {}, "lossy": {"lenience": 0.0}, "static": {"weight": 1},
               "dynamic": {"weight": torch.ones(_B, _N)}, "cascade-chow": {"alpha": 0.0},
               "cascade-opt": {"alpha": 1.0}, "cascade-token": {"alpha": 0.5},
-              "typical": {"epsilon": 0.1, "delta": 0.2}}
+              "typical": {"epsilon": 0.1, "delta": 0.2}, "lossy-entropy": {"lenience": 0.5, "entropy_threshold": 0.0},
+              "cactus": {"delta": 0.0}, "judi": {"epsilon": 0.0, "max_confidence": 1.0}}
     assert set(params) == set(RULES)
     for rule in RULES:
         result = verify(rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **params[rule])
