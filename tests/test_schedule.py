@@ -130,8 +130,10 @@ def test_costs_of_named_models_outlive_the_process(fresh_costs):
     assert (fresh_costs / "speed-costs.json").is_file()
     SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False  # as a new process finds it
     later = SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8)
-    assert later.timed and later.verify_time(3) == pytest.approx(model.verify_time(3))
-    assert later.verify_time(1) == pytest.approx(0.05)
+    assert later.verify_time(3) == pytest.approx(model.verify_time(3)) and later.draft_steps
+    assert 1 not in later.width and not later.timed  # a step of the target alone is timed afresh
+    later.observe_plain(0.04)
+    assert later.timed and later.verify_time(1) == pytest.approx(0.04)
     assert not SpeedModel.for_models((1234, 5678, 1), 8).timed
 
 
@@ -143,4 +145,26 @@ def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
     model.remember(("target.gguf", "draft.gguf", 1))
     SpeedModel.save()  # replaces the broken file
     SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
-    assert SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed
+    assert SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).draft_steps
+
+
+def test_a_width_timed_slow_once_is_bounded_and_then_forgotten():
+    """A remembered pass over 3 tokens timed on a busy machine (3 s) cannot keep drafting from being tried:
+    it is bounded by three passes over one, and read off the line again once it goes untimed."""
+    model = SpeedModel(maximum=8)
+    model.observe_plain(0.04)
+    model.width[3] = [1.0, 3.0]
+    assert model.verify_time(3) == pytest.approx(0.12)
+    for _ in range(30):
+        model.observe_copied(2, 0.05)
+    assert 3 not in model.width and model.verify_time(3) < 0.12
+
+
+def test_the_draft_models_catch_up_is_priced_per_token():
+    model = SpeedModel(maximum=8)
+    assert model.catch_up_time(100) == float("inf")  # nothing timed: never chosen for a long catch-up
+    model.observe([2], [2], 2, 0.05, 3, 0.08)
+    assert model.catch_up_time(100) == pytest.approx(100 * 0.025) and model.catch_up_time(2) == 0.0
+    model.observe_catch_up(50, 0.25)
+    assert model.catch_up_time(100) == pytest.approx(0.5)
+    assert model.tokens_per_second(2, overhead=0.5) < model.tokens_per_second(2)

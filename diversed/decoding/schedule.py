@@ -15,6 +15,7 @@ COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per mach
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 SCHEDULES = ("constant", "heuristic", "auto")
+STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 rounds at decay 0.9)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class SpeedModel:
         self.maximum, self.decay, self.probe_every = maximum, decay, probe_every
         self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
+        # The draft model's catch-up: tokens it was fed at the start of a round because it had not seen them
+        # (written while it did not draft), and their seconds, decayed; a choice between drafters pays for it.
+        self.catch_up_tokens = self.catch_up_seconds = 0.0
         self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
         self.plain_rounds = 0  # rounds without the draft model since it last drafted
         self.draft_length = 0  # the draft model's next round (best_length after each round)
@@ -104,28 +108,35 @@ class SpeedModel:
     # Costs measured by earlier calls, per (target, draft, rows): a later call starts from them. Keys made of
     # strings (a model's `cost_identity`: its file, size and threads) are also saved on disk (COSTS_FILE, per
     # machine), so that a new process starts from them too; others (id()s) live as long as the process.
-    _remembered: dict[tuple, tuple[dict[int, list[float]], float, float]] = {}
+    _remembered: dict[tuple, tuple[dict[int, list[float]], float, float, float | None]] = {}
     _loaded_from_disk = False
 
     @classmethod
     def for_models(cls, key: tuple, maximum: int) -> SpeedModel:
         """A speed model whose costs start from what earlier calls with the same key measured (each width
-        and the draft step weighing as one observation, so this call's own soon dominate)."""
+        and the draft step weighing as one observation, so this call's own soon dominate), but a step of the
+        target alone, which every call times afresh: every choice is weighed against it, a remembered one that
+        was slow (a machine busy then) would never be retimed, and timing it costs nothing (it is what the
+        call does without drafts)."""
         if not cls._loaded_from_disk:
             cls._loaded_from_disk = True
             cls._remembered.update(_read_costs())
         model = cls(maximum)
         if key in cls._remembered:
-            widths, draft_time, draft_steps = cls._remembered[key]
-            model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items()}
+            widths, draft_time, draft_steps, catch_up = cls._remembered[key]
+            model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items() if k != 1}
             model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
+            if catch_up is not None:
+                model.catch_up_tokens, model.catch_up_seconds = 1.0, catch_up
         return model
 
     def remember(self, key: tuple) -> None:
         """Keep this call's costs for the next call with the same key, in this process (save() writes them)."""
         if self.draft_steps and self.width:
             self._remembered.pop(key, None)  # the most recent last
-            self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps)
+            catch_up = self.catch_up_seconds / self.catch_up_tokens if self.catch_up_tokens else None
+            self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps,
+                                     catch_up)
 
     @classmethod
     def save(cls) -> None:
@@ -152,6 +163,20 @@ class SpeedModel:
         self._time(verify_tokens, verify_seconds)
         self.plain_rounds = 0
 
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """Record a draft forward that fed `tokens` per row the draft model had not seen."""
+        self.catch_up_tokens = self.decay * self.catch_up_tokens + tokens
+        self.catch_up_seconds = self.decay * self.catch_up_seconds + seconds
+
+    def catch_up_time(self, tokens: int) -> float:
+        """Predicted seconds for the draft model to catch up on `tokens` per row: the measured time per token,
+        else a draft step per token (an upper bound on a CPU, where feeding k tokens costs at most k steps)."""
+        if tokens <= 2:  # the one or two tokens every round feeds anyway
+            return 0.0
+        if self.catch_up_tokens:
+            return tokens * self.catch_up_seconds / self.catch_up_tokens
+        return tokens * self.draft_time / self.draft_steps if self.draft_steps else float("inf")
+
     def observe_plain(self, seconds: float) -> None:
         """Record one step of the target alone (a pass over 1 token per sequence)."""
         self.observe_copied(1, seconds)
@@ -166,6 +191,9 @@ class SpeedModel:
         for stats in self.width.values():
             stats[0] *= self.decay
             stats[1] *= self.decay
+        # A width not timed for STALE rounds is read off the line again, and so chosen and timed again when
+        # that predicts it fast: a cost measured once (by an earlier call, on a busy machine) cannot stay.
+        self.width = {w: stats for w, stats in self.width.items() if stats[0] >= STALE_WEIGHT}
         weight, total = self.width.get(k, (0.0, 0.0))
         self.width[k] = [weight + 1.0, total + seconds]
 
@@ -175,6 +203,12 @@ class SpeedModel:
 
     def verify_time(self, k: int) -> float:
         """v(k): the measured mean time of passes over k tokens, else the line through the measured widths."""
+        if 1 in self.width and k > 1:  # a pass over k tokens costs at most k passes over one (its fixed part
+            # once): so a width timed while the machine was busy cannot keep drafting from being tried
+            return min(self._verify_time(k), k * self._verify_time(1))
+        return self._verify_time(k)
+
+    def _verify_time(self, k: int) -> float:
         if k in self.width:
             weight, total = self.width[k]
             return total / weight
@@ -188,14 +222,14 @@ class SpeedModel:
         # prediction positive; a width so predicted cheap gets chosen, and timed, at once.
         return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-3 * min(t for _, t in points))
 
-    def tokens_per_second(self, n: int, acceptance: float | None = None) -> float:
+    def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
-        at `acceptance`); n = 0 is the target alone."""
+        at `acceptance`), `overhead` seconds added (the draft model's catch-up); n = 0 is the target alone."""
         if n == 0:
             return 1.0 / self.verify_time(1)
         step = self.draft_time / self.draft_steps
         a = self.acceptance if acceptance is None else acceptance
-        return expected_tokens_per_round([a] * n) / (n * step + self.verify_time(n + 1))
+        return expected_tokens_per_round([a] * n) / (overhead + n * step + self.verify_time(n + 1))
 
     def best_length(self) -> int:
         """The draft length with the most predicted tokens per second (0: the target alone), but a probe
@@ -228,19 +262,20 @@ def _costs_path() -> Path:
     return cache_dir() / COSTS_FILE
 
 
-def _read_costs() -> dict[tuple, tuple[dict[int, list[float]], float, float]]:
+def _read_costs() -> dict[tuple, tuple[dict[int, list[float]], float, float, float | None]]:
     """This machine's remembered costs from the cache folder; nothing if the file is missing or unreadable
     (it only ever saves a few rounds of measuring)."""
     try:
         stored = json.loads(_costs_path().read_text())[platform.node()]
         return {tuple(entry["key"]): ({int(k): [float(w), float(t)] for k, (w, t) in entry["widths"].items()},
-                                      float(entry["draft_time"]), float(entry["draft_steps"]))
+                                      float(entry["draft_time"]), float(entry["draft_steps"]),
+                                      None if entry.get("catch_up") is None else float(entry["catch_up"]))
                 for entry in stored}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
-def _write_costs(costs: dict[tuple, tuple[dict[int, list[float]], float, float]]) -> None:
+def _write_costs(costs: dict[tuple, tuple[dict[int, list[float]], float, float, float | None]]) -> None:
     """Replace this machine's entry of the costs file (written beside it, then renamed: never half written)."""
     path = _costs_path()
     try:
@@ -249,8 +284,9 @@ def _write_costs(costs: dict[tuple, tuple[dict[int, list[float]], float, float]]
     except (OSError, ValueError):
         everything = {}
     everything[platform.node()] = [{"key": list(key), "widths": {str(k): v for k, v in widths.items()},
-                                    "draft_time": draft_time, "draft_steps": draft_steps}
-                                   for key, (widths, draft_time, draft_steps) in list(costs.items())[-MAX_KEPT:]]
+                                    "draft_time": draft_time, "draft_steps": draft_steps, "catch_up": catch_up}
+                                   for key, (widths, draft_time, draft_steps, catch_up)
+                                   in list(costs.items())[-MAX_KEPT:]]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -52,12 +52,17 @@ class AutoDrafter:
         best, names = [c for _, c in chosen], [copier.name for copier, _ in chosen]
         if speed is None:
             return copied(best, names, None)
+        if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it
+            return None
         width, copy_rate = copy_width(best, speed)
         n_model = speed.draft_length if self.model is not None and any(model_caps) else 0
         if n_model:
-            # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed.
-            untimed = not speed.draft_steps or 1 not in speed.width
+            # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed. Once
+            # timed, it drafts where it is predicted fastest, paying for the tokens it has to catch up on
+            # (those written while copying or the target alone wrote them).
+            untimed = not speed.draft_steps
+            catch_up = 0.0 if untimed else speed.catch_up_time(self.model.behind)
             if (not width) if untimed else \
-                    speed.tokens_per_second(n_model) >= max(copy_rate, speed.tokens_per_second(0)):
+                    speed.tokens_per_second(n_model, overhead=catch_up) >= max(copy_rate, speed.tokens_per_second(0)):
                 return self.model.propose(model_caps, groups, clock, speed)
         return copied(best, names, speed) if width else None

@@ -44,14 +44,20 @@ class ModelDrafter:
 
     def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
                 ) -> Proposal | None:
+        behind = self.behind
+        catch_up = behind > 2
         if speed is not None:
-            caps = [min(c, speed.draft_length) for c in caps]
+            # A round that catches up times no draft step with its first forward: with none timed yet, it
+            # drafts two, so that the second is.
+            length = max(speed.draft_length, 2) if catch_up and not speed.draft_steps else speed.draft_length
+            caps = [min(c, length) for c in caps]
         if max(caps, default=0) == 0:
             return None
-        catch_up = self.behind > 2
         pending = [t[n:] for t, n in zip(self.texts, self.rows.lengths, strict=True)]
         drafts, q, hidden, lengths, seconds = _draft(self.rows, pending, list(caps), groups, self.confidence, clock)
         self.fed = [row[:-1] for row in drafts.tolist()]  # the last draft is never fed
+        if catch_up and speed is not None:
+            speed.observe_catch_up(behind, seconds[0])
         steps = seconds[1:] if catch_up else seconds  # a first step that caught up is no draft step's cost
         return Proposal(drafts, lengths, q, hidden, drafts.shape[1],
                         [self.name if n else None for n in lengths.tolist()], sum(steps), len(steps))
