@@ -1,0 +1,303 @@
+"""Zero-cost drafters on llama.cpp, in one interleaved run on one machine: plain llama.cpp, llama.cpp's own
+draftless speculative decoding (`llama-server --spec-type ngram-*`), and `diversed` with each drafter, on
+four workloads: code edits (mbpp-edit), revisions in a conversation (mbpp-edit-2turn), GSM8K and HumanEval
+(novel code, where copying finds little).
+
+Per workload and temperature, one row per configuration: tokens/s (new tokens over the wall time of the
+whole generation, prompt processing included, for every engine alike), time per prompt, acceptance, tokens
+per verify pass (tau), the ratio to plain llama.cpp, and for relaxed rules nothing about quality (that is
+`diversed eval`'s job: benchmarks/README.md has the pass rates). Configurations take turns prompt by prompt,
+the order reversing every prompt, so that a slow spell of the machine spreads over all of them.
+
+- plain llama.cpp: llama_speed.plain_llama (llama-cpp-python's low-level API, llama.cpp's sampler chain).
+- llama-server MODE: one server per mode, all loaded before the run (idle ones cost nothing), given the same
+  token ids on /completion with prompt caching off; its time is its reported prompt and generation time.
+  Each mode's setting is the fastest of a small grid (MODE_GRID) on tuning prompts (mbpp-edit *train*
+  problems, never the measured ones), chosen by `--tune` before the run and printed with it.
+- ours DRAFTER METHOD: `diversed.decode` with the default drafting of `diversed generate` on llama.cpp (the
+  auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has.
+- oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that knows how many tokens of
+  the better of lookup's and the suffix cache's proposals will be kept drafts exactly those when that is
+  faster, priced with the verify times measured here (`costs`); its time is the cheapest sequence of rounds
+  (dynamic programming over positions), plus plain llama.cpp's own prompt time.
+
+    .venv/bin/python benchmarks/drafters_speed.py --llama-server PATH/llama-server \
+        --out benchmarks/results/drafters-speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from llama_speed import Row, plain_llama
+from serve_speed import free_port
+
+from diversed.backends.llama_cpp import default_threads
+from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
+from diversed.decoding.engine import decode
+from diversed.decoding.method import Method
+from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DEFAULT_DRAFTING
+from diversed.models.default_pair import default_gguf_pair
+from diversed.models.loading import Pair, load_pair
+from diversed.tasks import get_task
+from diversed.text import encode_messages, encode_prompt
+
+OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7")
+# llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last).
+MODE_GRID = {
+    "ngram-simple": [["--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m", str(m),
+                      "--spec-draft-n-max", str(m)] for n, m in ((3, 4), (4, 8), (6, 8), (12, 48))],
+    "ngram-map-k": [["--spec-ngram-map-k-size-n", str(n), "--spec-ngram-map-k-size-m", str(m),
+                     "--spec-draft-n-max", str(m)] for n, m in ((3, 4), (4, 8), (6, 8), (12, 48))],
+    "ngram-mod": [["--spec-ngram-mod-n-match", str(k), "--spec-ngram-mod-n-min", str(lo),
+                   "--spec-ngram-mod-n-max", str(hi)] for k, lo, hi in ((6, 2, 8), (12, 4, 16), (24, 48, 64))],
+}
+
+
+def workloads(edit: int, turns: int, gsm8k: int, humaneval: int) -> dict[str, list]:
+    """Held-out prompts per workload: strings for the chat template, or chat messages (two turns)."""
+    sizes = {"mbpp-edit": edit, "mbpp-edit-2turn": turns, "gsm8k": gsm8k, "humaneval": humaneval}
+    return {name: [e.prompt_for(chat=True) for e in get_task(name).examples("test", limit=size)]
+            for name, size in sizes.items() if size}
+
+
+def token_ids(pair: Pair, prompt) -> list[int]:
+    if isinstance(prompt, list):
+        return encode_messages(pair.tokenizer, prompt)
+    return encode_prompt(pair.tokenizer, prompt)
+
+
+def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int
+         ) -> tuple[SequenceStats, float, list[int]]:
+    drafter, method = spec.split()
+    start = time.perf_counter()
+    out = decode(pair.target, [ids], draft=pair.draft, drafter=drafter, method=Method.parse(method),
+                 sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend], max_new_tokens=tokens,
+                 eos_token_ids=pair.eos_token_ids, seed=seed)
+    return out.stats[0], time.perf_counter() - start, out.tokens[0]
+
+
+class LlamaServer:
+    """llama.cpp's server with one speculative mode, on this machine's threads."""
+
+    def __init__(self, binary: str, target: Path, mode: str, setting: list[str]) -> None:
+        self.port = free_port()
+        self.log = open(f"/tmp/drafters-speed-{mode}-{self.port}.log", "w")
+        command = [binary, "-m", str(target), "-t", str(default_threads()), "-c", "4096", "--port", str(self.port),
+                   "-np", "1", "--no-webui"]
+        if mode != "none":
+            command += ["--spec-type", mode, *setting]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server {mode} did not start: see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.5)
+
+    def run(self, ids: list[int], tokens: int, temperature: float, seed: int
+            ) -> tuple[SequenceStats, float, list[int]]:
+        body = {"prompt": ids, "n_predict": tokens, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+                "min_p": 0.0, "seed": seed, "cache_prompt": False, "return_tokens": True}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            reply = json.loads(response.read())
+        timings = reply["timings"]
+        seconds = (timings["prompt_ms"] + timings["predicted_ms"]) / 1000
+        stats = SequenceStats(new_tokens=timings["predicted_n"], drafted=timings.get("draft_n", 0),
+                              accepted=timings.get("draft_n_accepted", 0), wall_time=seconds)
+        return stats, seconds, reply.get("tokens", [])
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait()
+
+
+def verify_costs(pair: Pair, ids: list[int], widths: int = 9, repeats: int = 7) -> dict[int, float]:
+    """The target's pass over k tokens after a prompt (k = 1..widths), seconds, medians of `repeats`."""
+    rows = pair.target.rows(1)
+    rows.feed([ids], 1)
+    held, times = len(ids), {k: [] for k in range(1, widths + 1)}
+    for _ in range(repeats):
+        for k in times:
+            start = time.perf_counter()
+            rows.feed([ids[-k:]], 1)
+            times[k].append(time.perf_counter() - start)
+            rows.truncate([held])
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def oracle_seconds(ids: list[int], written: list[int], costs: dict[int, float], cache: SuffixCache) -> float:
+    """The fastest copying could write `written` after `ids`: each position's best proposal (lookup or the
+    suffix cache) matched against what follows; a round drafts n <= matched tokens and writes n + 1 for the
+    pass at width n + 1 (the cheapest plan over positions, by dynamic programming)."""
+    lookup, suffix = LookupDrafter(), SuffixDrafter(cache)
+    lookup.add(ids)
+    suffix.add(ids)
+    longest = max(costs) - 1
+    matched = []
+    for i in range(len(written)):
+        best = 0
+        for drafter in (lookup, suffix):
+            (candidate,) = drafter.candidates([longest])
+            if candidate is not None:
+                best = max(best, _prefix(candidate.tokens, written[i:]))
+        matched.append(best)
+        lookup.advance([written[i:i + 1]])
+        suffix.advance([written[i:i + 1]])
+    suffix.select([])
+    end = len(written)
+    fastest = [0.0] * (end + 1)
+    for i in range(end - 1, -1, -1):
+        fastest[i] = min(costs[n + 1] + fastest[min(i + n + 1, end)] for n in range(min(matched[i], longest) + 1))
+    return fastest[0]
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def tune(binary: str, target: Path, pair: Pair, prompts: list, tokens: int) -> dict[str, list[str]]:
+    """Each llama-server mode's fastest setting of MODE_GRID at T = 0 on tuning prompts (none: the first)."""
+    if not prompts:
+        return {mode: grid[0] for mode, grid in MODE_GRID.items()}
+    chosen = {}
+    for mode, grid in MODE_GRID.items():
+        speeds = []
+        for setting in grid:
+            server = LlamaServer(binary, target, mode, setting)
+            try:
+                runs = [server.run(token_ids(pair, p), tokens, 0.0, 0) for p in prompts]
+            finally:
+                server.close()
+            speed = sum(s.new_tokens for s, _, _ in runs) / sum(t for _, t, _ in runs)
+            speeds.append(speed)
+            print(f"tune {mode} {' '.join(setting)}: {speed:.2f} tokens/s", flush=True)
+        chosen[mode] = grid[max(range(len(grid)), key=speeds.__getitem__)]
+    return chosen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-server", help="path of llama.cpp's llama-server (omit: no llama-server rows)")
+    parser.add_argument("--edit", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--gsm8k", type=int, default=3)
+    parser.add_argument("--humaneval", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=192)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--sampled-workloads", nargs="+", default=["mbpp-edit", "humaneval"],
+                        help="the workloads also run at temperatures above 0")
+    parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER METHOD' pairs")
+    parser.add_argument("--tune", type=int, default=3, help="mbpp-edit train prompts to choose llama-server's settings")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    pair = load_pair(backend="llama.cpp")
+    _, target_gguf = default_gguf_pair()
+    sets = workloads(args.edit, args.turns, args.gsm8k, args.humaneval)
+    costs = verify_costs(pair, token_ids(pair, sets["mbpp-edit"][0]))
+    print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()), flush=True)
+    report = {"machine": f"{platform.processor() or platform.machine()}, {default_threads()} threads",
+              "tokens": args.tokens, "costs_ms": {k: 1000 * v for k, v in costs.items()}, "results": []}
+    servers = {}
+    if args.llama_server:
+        tuning = [e.prompt for e in get_task("mbpp-edit").examples("train", limit=args.tune)] if args.tune else []
+        report["llama_server_settings"] = settings = tune(args.llama_server, target_gguf, pair, tuning, args.tokens)
+        servers = {mode: LlamaServer(args.llama_server, target_gguf, mode, setting)
+                   for mode, setting in {"none": [], **settings}.items()}
+    eos = set(pair.eos_token_ids)
+    try:
+        for temperature in args.temperatures:
+            for name, prompts in sets.items():
+                if temperature > 0 and name not in args.sampled_workloads:
+                    continue
+                rows, oracle = run_workload(args, pair, servers, prompts, temperature, eos, costs)
+                print(table(rows, oracle, temperature, name), flush=True)
+                plain = rows["plain llama.cpp"]
+                for row in rows.values():
+                    summary = summarize(row.stats, row.seconds)
+                    report["results"].append({
+                        "temperature": temperature, "prompts": name, "config": row.name,
+                        "tokens_per_s": row.tokens_per_s, "seconds_per_prompt": row.seconds / len(row.stats),
+                        "vs_plain": row.tokens_per_s / plain.tokens_per_s,
+                        **{k: summary[k] for k in ("new_tokens", "acceptance_rate", "tau", "drafted", "accepted",
+                                                   "rule_tokens", "target_tokens", "drafters")}})
+                report["results"].append({"temperature": temperature, "prompts": name, "config": "oracle",
+                                          "tokens_per_s": oracle, "vs_plain": oracle / plain.tokens_per_s})
+                if args.out:
+                    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def run_workload(args, pair: Pair, servers: dict, prompts: list, temperature: float, eos: set[int],
+                 costs: dict[int, float]) -> tuple[dict[str, Row], float]:
+    """Every configuration on every prompt of one workload, interleaved; and the oracle's tokens/s."""
+    tokens = args.tokens
+    runs = {"plain llama.cpp": lambda ids, seed: (*plain_llama(pair.target, ids, tokens, temperature, seed, eos),
+                                                  None)}
+    for mode, server in servers.items():
+        runs["llama-server" if mode == "none" else f"llama-server {mode}"] = (
+            lambda ids, seed, server=server: server.run(ids, tokens, temperature, seed))
+    for spec in args.ours:
+        runs[f"ours {spec}"] = lambda ids, seed, spec=spec: ours(pair, ids, spec, tokens, temperature, seed)
+    warm = token_ids(pair, prompts[0])
+    for name in runs:  # the auto schedule's costs and llama.cpp's buffers, before anything is timed
+        if name.startswith("ours"):
+            runs[name](warm[:64], 0)
+    rows = {name: Row(name) for name in runs}
+    written, oracle_time, oracle_tokens = {}, 0.0, 0
+    for i, prompt in enumerate(prompts):
+        ids = token_ids(pair, prompt)
+        order = list(runs) if i % 2 == 0 else list(reversed(runs))
+        for name in order:
+            stats, seconds, out = runs[name](ids, 1000 + i)
+            rows[name].add(stats, seconds)
+            written[name] = out
+        # The oracle writes what our exact auto run wrote (plain llama.cpp returns no tokens): its first token
+        # with plain llama.cpp's prompt pass (its time less its later steps'), then the cheapest rounds.
+        plain = rows["plain llama.cpp"].stats[-1]
+        text = written.get("ours auto exact") or []
+        prompt_pass = max(plain.wall_time - (plain.new_tokens - 1) * costs[1], 0.0)
+        oracle_time += prompt_pass + oracle_seconds(ids + text[:1], text[1:], costs, SuffixCache())
+        oracle_tokens += len(text)
+        print(f"T = {temperature}: prompt {i + 1}/{len(prompts)} done", flush=True)
+    return rows, oracle_tokens / oracle_time if oracle_time else 0.0
+
+
+def table(rows: dict[str, Row], oracle: float, temperature: float, name: str) -> str:
+    plain = rows["plain llama.cpp"].tokens_per_s
+    lines = [f"\n{name}, T = {temperature}, {len(rows['plain llama.cpp'].stats)} prompts",
+             "| configuration | tokens/s | s per prompt | vs plain | acceptance | tau | kept/drafted |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows.values():
+        summary = summarize(row.stats, row.seconds)
+        rate = "-" if summary["acceptance_rate"] is None else f"{summary['acceptance_rate']:.0%}"
+        tau = "-" if not summary["target_forwards"] else f"{summary['tau']:.2f}"
+        lines.append(f"| {row.name} | {row.tokens_per_s:.2f} | {row.seconds / len(row.stats):.2f} | "
+                     f"{row.tokens_per_s / plain:.2f}x | {rate} | {tau} | {summary['accepted']}/{summary['drafted']} |")
+    lines.append(f"| oracle (copying, ceiling) | {oracle:.2f} | | {oracle / plain:.2f}x | | | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
