@@ -15,7 +15,9 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
   Each mode's setting is the fastest of a small grid (MODE_GRID) on tuning prompts (mbpp-edit *train*
   problems, never the measured ones), chosen by `--tune` before the run and printed with it.
 - ours DRAFTER METHOD: `diversed.decode` with the default drafting of `diversed generate` on llama.cpp (the
-  auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has.
+  auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has. `repeat`: the same
+  request sent a second time to a server, whose suffix cache holds the first answer (at T = 0 the answer
+  repeats in full; at T = 1 with another seed, in part).
 - oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that knows how many tokens of
   the better of lookup's and the suffix cache's proposals will be kept drafts exactly those when that is
   faster, priced with the verify times measured here (`costs`); its time is the cheapest sequence of rounds
@@ -51,7 +53,8 @@ from diversed.models.loading import Pair, load_pair
 from diversed.tasks import get_task
 from diversed.text import encode_messages, encode_prompt
 
-OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7")
+OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7",
+        "auto exact repeat")
 # llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last).
 MODE_GRID = {
     "ngram-simple": [["--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m", str(m),
@@ -78,11 +81,17 @@ def token_ids(pair: Pair, prompt) -> list[int]:
 
 def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int
          ) -> tuple[SequenceStats, float, list[int]]:
-    drafter, method = spec.split()
+    """One `diversed.decode` call for 'DRAFTER METHOD'; 'DRAFTER METHOD repeat': the same request a second
+    time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`."""
+    drafter, method, *repeat = spec.split()
+    cache = SuffixCache()
+    options = dict(draft=pair.draft, drafter=drafter, cache=cache, method=Method.parse(method),
+                   sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend],
+                   max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids)
+    if repeat:
+        decode(pair.target, [ids], seed=seed + 1, **options)
     start = time.perf_counter()
-    out = decode(pair.target, [ids], draft=pair.draft, drafter=drafter, method=Method.parse(method),
-                 sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend], max_new_tokens=tokens,
-                 eos_token_ids=pair.eos_token_ids, seed=seed)
+    out = decode(pair.target, [ids], seed=seed, **options)
     return out.stats[0], time.perf_counter() - start, out.tokens[0]
 
 

@@ -278,6 +278,9 @@ def test_bad_chat_and_invalid_json_get_400(server):
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
     status, body = _raw(url, "POST", "/v1/chat/completions", [1, 2])
     assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    for deep in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
+        status, body = _raw(url, "POST", "/v1/completions", deep)
+        assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

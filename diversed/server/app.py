@@ -248,7 +248,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     arrived = time.perf_counter()
     try:
         body = json.loads(await request.body())
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
         raise BadRequest(f"the request body is not valid JSON: {error}", None, "invalid_json") from None
     call = parse_call(body, chat, server.default_method)
     if call.model is not None and call.model != server.model_name:
