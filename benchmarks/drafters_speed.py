@@ -18,10 +18,10 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
   auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has. `repeat`: the same
   request sent a second time to a server, whose suffix cache holds the first answer (at T = 0 the answer
   repeats in full; at T = 1 with another seed, in part).
-- oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that knows how many tokens of
-  the better of lookup's and the suffix cache's proposals will be kept drafts exactly those when that is
-  faster, priced with the verify times measured here (`costs`); its time is the cheapest sequence of rounds
-  (dynamic programming over positions), plus plain llama.cpp's own prompt time.
+- oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that
+  knows how many tokens of the better of lookup's and the suffix cache's proposals will be kept drafts exactly
+  those when that is faster, priced with the verify times measured here (`costs`); its time is the cheapest
+  sequence of rounds (dynamic programming over positions), plus plain llama.cpp's own prompt time.
 
     .venv/bin/python benchmarks/drafters_speed.py --llama-server PATH/llama-server \
         --out benchmarks/results/drafters-speed.json
@@ -216,6 +216,8 @@ def main() -> None:
                         help="the workloads also run at temperatures above 0")
     parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER METHOD' pairs")
     parser.add_argument("--tune", type=int, default=3, help="mbpp-edit train prompts to choose llama-server's settings")
+    parser.add_argument("--settings", type=Path, help="take llama-server's settings from an earlier run's JSON "
+                                                      "(its llama_server_settings) instead of tuning")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -229,7 +231,9 @@ def main() -> None:
     servers = {}
     if args.llama_server:
         tuning = [e.prompt for e in get_task("mbpp-edit").examples("train", limit=args.tune)] if args.tune else []
-        report["llama_server_settings"] = settings = tune(args.llama_server, target_gguf, pair, tuning, args.tokens)
+        settings = (json.loads(args.settings.read_text())["llama_server_settings"] if args.settings else
+                    tune(args.llama_server, target_gguf, pair, tuning, args.tokens))
+        report["llama_server_settings"] = settings
         servers = {mode: LlamaServer(args.llama_server, target_gguf, mode, setting)
                    for mode, setting in {"none": [], **settings}.items()}
     eos = set(pair.eos_token_ids)

@@ -88,7 +88,7 @@ def main() -> None:
               "tokens": args.tokens, "results": []}
     try:
         texts = prompts(args.humaneval, args.edit)
-        for name, (server, extra) in configs.items():  # warm-up, untimed
+        for server, extra in configs.values():  # warm-up, untimed
             ask(ports[server], texts[0], 8, 0.0, 0, extra)
         for temperature in args.temperatures:
             runs = {name: [] for name in configs}

@@ -137,6 +137,20 @@ def test_costs_of_named_models_outlive_the_process(fresh_costs):
     assert not SpeedModel.for_models((1234, 5678, 1), 8).timed
 
 
+def test_widths_timed_by_copying_alone_are_remembered(fresh_costs):
+    """A call whose drafts cost nothing (lookup, the suffix cache) times verify widths but no draft step: the
+    next call starts from those widths, not from the guess that a wide pass costs what a narrow one does."""
+    model = SpeedModel(maximum=8)
+    model.observe_plain(0.03)
+    model.observe_copied(3, 0.06)
+    model.remember(("target.gguf", "", 1))
+    SpeedModel.save()
+    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
+    later = SpeedModel.for_models(("target.gguf", "", 1), 8)
+    later.observe_plain(0.03)
+    assert later.verify_time(3) == pytest.approx(0.06) and not later.draft_steps
+
+
 def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
     (fresh_costs / "speed-costs.json").write_text("{not json")
     assert not SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed
@@ -155,6 +169,9 @@ def test_a_width_timed_slow_once_is_bounded_and_then_forgotten():
     model.observe_plain(0.04)
     model.width[3] = [1.0, 3.0]
     assert model.verify_time(3) == pytest.approx(0.12)
+    for _ in range(30):
+        model.observe_plain(0.04)  # steps of the target alone: the remembered widths stay
+    assert 3 in model.width
     for _ in range(30):
         model.observe_copied(2, 0.05)
     assert 3 not in model.width and model.verify_time(3) < 0.12

@@ -15,7 +15,7 @@ COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per mach
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 SCHEDULES = ("constant", "heuristic", "auto")
-STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 rounds at decay 0.9)
+STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,15 @@ class SpeedModel:
         if key in cls._remembered:
             widths, draft_time, draft_steps, catch_up = cls._remembered[key]
             model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items() if k != 1}
-            model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
+            if draft_steps:  # none where only copying drafters drafted
+                model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
             if catch_up is not None:
                 model.catch_up_tokens, model.catch_up_seconds = 1.0, catch_up
         return model
 
     def remember(self, key: tuple) -> None:
         """Keep this call's costs for the next call with the same key, in this process (save() writes them)."""
-        if self.draft_steps and self.width:
+        if self.width:  # copying drafters time verify widths with no draft step: those are kept too
             self._remembered.pop(key, None)  # the most recent last
             catch_up = self.catch_up_seconds / self.catch_up_tokens if self.catch_up_tokens else None
             self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps,
@@ -188,11 +189,14 @@ class SpeedModel:
         self.plain_rounds += 1
 
     def _time(self, k: int, seconds: float) -> None:
-        for stats in self.width.values():
-            stats[0] *= self.decay
-            stats[1] *= self.decay
-        # A width not timed for STALE rounds is read off the line again, and so chosen and timed again when
-        # that predicts it fast: a cost measured once (by an earlier call, on a busy machine) cannot stay.
+        # Rounds that drafted age every width: one not timed for STALE such rounds is read off the line again,
+        # and so chosen and timed again when that predicts it fast, so that a cost measured once (by an earlier
+        # call, on a busy machine) cannot stay. Steps of the target alone age only their own width: widths
+        # remembered from earlier calls outlast a stretch of text with nothing to copy.
+        for width, stats in self.width.items():
+            if k > 1 or width == 1:
+                stats[0] *= self.decay
+                stats[1] *= self.decay
         self.width = {w: stats for w, stats in self.width.items() if stats[0] >= STALE_WEIGHT}
         weight, total = self.width.get(k, (0.0, 0.0))
         self.width[k] = [weight + 1.0, total + seconds]

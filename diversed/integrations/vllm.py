@@ -3,10 +3,11 @@
 `pip install diversed[vllm]` registers register() under vLLM's `vllm.general_plugins` entry point, which vLLM
 runs in each of its processes before the engine starts. A request then picks a rule of diversed.verify.RULES:
 
-    SamplingParams(temperature=0, extra_args={"verification": "static:0.7"})        # Python
-    {"model": ..., "messages": ..., "vllm_xargs": {"verification": "static:0.7"}}  # vllm serve's body
+    SamplingParams(temperature=0, extra_args={"verification": "static:0.7"})  # Python
+    {"model": ..., "messages": ..., "verification": "static:0.7"}            # vllm serve's body
 
-(vLLM's OpenAI server copies `vllm_xargs` into extra_args and drops other unknown body fields.) The
+(vLLM's OpenAI server copies `vllm_xargs` into extra_args, and register() makes it copy a body's own
+"verification" there too; `"vllm_xargs": {"verification": ...}` works as well.) The
 environment variable DIVERSED_VERIFICATION sets a default for every request of a server; a request's
 "verification": "vllm" keeps it on vLLM's own rejection sampler under that default. The spellings are
 Method.parse's: exact, lossy:L, static:W, cascade-chow:A, cascade-opt:A, cascade-token:A, typical[:EPS],
@@ -26,7 +27,8 @@ each draft was drawn from, is:
   "probabilistic": the draft then samples from its tempered softmax); otherwise the draft was deterministic
   and q is a point mass on each drafted token, as for the n-gram drafter at any temperature.
 
-What register() patches (five wrappers, each calling vLLM's original):
+What register() patches (seven wrappers, each calling vLLM's original):
+- ChatCompletionRequest and CompletionRequest.to_sampling_params: the body's "verification" into extra_args.
 - SamplingParams.verify (run on each request before it reaches the engine): a bad verification string, a
   rule without speculative decoding, or the head without a draft model is refused there (HTTP 400).
 - GPUModelRunner.sample_tokens (inherited by the CPU runner): each row's Method and the target's last hidden
@@ -244,6 +246,21 @@ def check_request(extra_args: Mapping | None, speculative_config, default: Metho
                          f"method 'draft_model', not {speculative_config.method!r}")
 
 
+def _wrap_to_sampling_params(original):
+    """`vllm serve`: a request body's own "verification" field (vLLM's request models keep unknown fields in
+    model_extra) goes into extra_args beside vllm_xargs, where a value there wins."""
+
+    @functools.wraps(original)
+    def to_sampling_params(self, *args, **kwargs):
+        params = original(self, *args, **kwargs)
+        value = (self.model_extra or {}).get(KEY)
+        if value is not None and KEY not in (params.extra_args or {}):
+            params.extra_args = {**(params.extra_args or {}), KEY: value}
+        return params
+
+    return to_sampling_params
+
+
 def _wrap_verify(original):
     from vllm.exceptions import VLLMValidationError
 
@@ -323,6 +340,8 @@ def register() -> None:
     """The vllm.general_plugins entry point: patch vLLM (idempotent: vLLM may call it more than once)."""
     global _default
     from vllm import sampling_params
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -332,6 +351,8 @@ def register() -> None:
     if getattr(rejection_sampler.rejection_sample, "_diversed", False):
         return
     for owner, name, wrap in ((sampling_params.SamplingParams, "verify", _wrap_verify),
+                              (ChatCompletionRequest, "to_sampling_params", _wrap_to_sampling_params),
+                              (CompletionRequest, "to_sampling_params", _wrap_to_sampling_params),
                               (GPUModelRunner, "sample_tokens", _wrap_sample_tokens),
                               (GPUModelRunner, "propose_draft_token_ids", _wrap_propose),
                               (SpecDecodeBaseProposer, "_sample_draft_tokens", _wrap_sample_draft_tokens),

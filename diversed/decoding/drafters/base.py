@@ -63,6 +63,11 @@ class Drafter(Protocol):
         """What each row wrote this round, in order (its kept drafts, then the next token)."""
 
 
+# A kind of proposal starts as if 1 of 6 had been kept: it drafts once it has shown better (it learns from
+# rounds it did not draft too). Chosen by replay on training prompts (benchmarks/copy_replay.py).
+PRIOR = (1.0, 5.0)
+
+
 class Acceptance:
     """The running acceptance of point-mass drafts, per kind of proposal (a drafter's `bucket`: how long a
     match it copies from, how the last proposal did): decayed counts of kept drafts and rejections, the
@@ -74,7 +79,7 @@ class Acceptance:
     equals a proposed x with probability p(x), exact verification's acceptance of a point mass, so the
     estimate stays unbiased for exact (and conservative for relaxed rules) without drafting to learn."""
 
-    def __init__(self, prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.95) -> None:
+    def __init__(self, prior: tuple[float, float] = PRIOR, decay: float = 0.95) -> None:
         self.counts: dict[tuple, list[float]] = {}
         self.prior, self.decay = prior, decay
 
