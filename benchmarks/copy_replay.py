@@ -26,7 +26,7 @@ from pathlib import Path
 from drafters_speed import token_ids, verify_costs
 
 from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
-from diversed.decoding.drafters.base import Acceptance, copy_width
+from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
@@ -52,7 +52,7 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
     while i < len(text):
         caps = [min(longest, len(text) - i - 1)]
         options = [drafter.candidates(caps)[0] for drafter in drafters]
-        best = max(options, key=lambda c: -1.0 if c is None else c.expected_tokens(caps[0]))
+        best = options[best_candidate(options, caps[0])]
         width = copy_width([best], speed)[0] if caps[0] else 0
         kept = 0
         while kept < width and best.tokens[kept] == text[i + kept]:

@@ -32,14 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 from llama_speed import Row, plain_llama
-from serve_speed import free_port
+from serve_speed import free_port, start
 
 from diversed.backends.llama_cpp import default_threads
 from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
@@ -100,22 +98,11 @@ class LlamaServer:
 
     def __init__(self, binary: str, target: Path, mode: str, setting: list[str]) -> None:
         self.port = free_port()
-        self.log = open(f"/tmp/drafters-speed-{mode}-{self.port}.log", "w")
         command = [binary, "-m", str(target), "-t", str(default_threads()), "-c", "4096", "--port", str(self.port),
                    "-np", "1", "--no-webui"]
         if mode != "none":
             command += ["--spec-type", mode, *setting]
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while True:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server {mode} did not start: see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.5)
+        self.process = start(command, self.port)
 
     def run(self, ids: list[int], tokens: int, temperature: float, seed: int
             ) -> tuple[SequenceStats, float, list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diversed.decoding.drafters.base import CopyDrafter, Proposal, copied, copy_width
+from diversed.decoding.drafters.base import CopyDrafter, Proposal, best_candidate, copied, copy_width
 from diversed.decoding.drafters.model import ModelDrafter
 from diversed.decoding.policy import Groups
 from diversed.decoding.profile import PhaseClock
@@ -46,10 +46,10 @@ class AutoDrafter:
         with clock.phase("draft forward"):
             per_copier = [copier.candidates(groups.only(copier.name, caps)) for copier in self.copiers]
         # Each row copies from the drafter expected to add the most tokens within the row's cap.
-        chosen = [max(zip(self.copiers, options, strict=True),
-                      key=lambda option, cap=cap: -1.0 if option[1] is None else option[1].expected_tokens(cap))
-                  for options, cap in zip(zip(*per_copier, strict=True), caps, strict=True)]
-        best, names = [c for _, c in chosen], [copier.name for copier, _ in chosen]
+        rows = list(zip(*per_copier, strict=True))
+        chosen = [best_candidate(options, cap) for options, cap in zip(rows, caps, strict=True)]
+        best = [options[i] for options, i in zip(rows, chosen, strict=True)]
+        names = [self.copiers[i].name for i in chosen]
         if speed is None:
             return copied(best, names, None)
         if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it

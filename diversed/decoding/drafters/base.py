@@ -170,6 +170,11 @@ class CopyDrafter:
         self.texts[row].extend(tokens)
 
 
+def best_candidate(options: Sequence[Candidate | None], cap: int) -> int:
+    """Which of one row's candidates (one per copying drafter) is expected to add the most tokens within cap."""
+    return max(range(len(options)), key=lambda i: -1.0 if options[i] is None else options[i].expected_tokens(cap))
+
+
 def copied(candidates: Sequence[Candidate | None], names: Sequence[str], speed: SpeedModel | None
            ) -> Proposal | None:
     """A proposal of point masses from each row's candidate, cut to the width predicted fastest (all of each
