@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 import urllib.request
 from pathlib import Path
 
 from llama_speed import Row, plain_llama
+from machine import describe
 from serve_speed import free_port, start
 
 from diversed.backends.llama_cpp import default_threads
@@ -213,7 +213,7 @@ def main() -> None:
     sets = workloads(args.edit, args.turns, args.gsm8k, args.humaneval)
     costs = verify_costs(pair, token_ids(pair, sets["mbpp-edit"][0]))
     print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()), flush=True)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {default_threads()} threads",
+    report = {"machine": describe(),
               "tokens": args.tokens, "costs_ms": {k: 1000 * v for k, v in costs.items()}, "results": []}
     servers = {}
     if args.llama_server:

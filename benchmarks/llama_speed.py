@@ -8,7 +8,9 @@ slow spell of a shared machine spreads over all of them.
 
 - plain: llama-cpp-python's low-level API, the target alone, one llama_decode per token and llama.cpp's own
   sampler chain (greedy, or temperature then a seeded draw): what a llama-cpp-python user runs, with no
-  Python in the timing path that such a user would not have.
+  Python in the timing path that such a user would not have. "no extra buffers" is the same with the model
+  loaded with `use_extra_bufts = False` (no repacked weights, no AMX): the workaround for llama.cpp builds
+  whose AMX kernels fault on virtualized CPUs, against which setup.sh's build is measured.
 - ours: `diversed.decode` on the llama.cpp backend, per --ours (method@drafting[@quantization]; drafting N,
   auto:N or default; quantization Q3_K_S or Q2_K for the draft requantized by llama.cpp, else its Q4_K_M).
 - llama.cpp-spec: `llama-speculative-simple` (built from the llama.cpp source that the llama-cpp-python
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import subprocess
 import time
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as llama
+from machine import describe
 
 from diversed.backends.llama_cpp import LlamaCppModel, default_threads
 from diversed.decoding.engine import decode
@@ -136,10 +138,15 @@ def speculative_simple(binary: str, draft: Path, target: Path, text: str, n_max:
     return SequenceStats(new_tokens=int(decoded), drafted=drafted, accepted=accepted, wall_time=total), total
 
 
-def width_profile(pairs: dict[str, Pair], prompt: list[int], widths: int = 8, repeats: int = 7) -> str:
+WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def width_profile(pairs: dict[str, Pair], prompt: list[int], widths: tuple[int, ...] = WIDTHS, repeats: int = 7
+                  ) -> str:
     """The costs that bound speculation here, medians of `repeats` taking turns: the target's pass over k
-    tokens (k = 1..widths) and each draft's step, after `prompt`; and the speedup over the target alone that
-    rounds of N drafts would give if every draft were kept, (N + 1) v(1) / (N d + v(N + 1))."""
+    tokens (k in `widths`, which must hold 1 to 5) and each draft's step, after `prompt`; and the speedup over
+    the target alone that rounds of N drafts would give if every draft were kept,
+    (N + 1) v(1) / (N d + v(N + 1))."""
     target = next(iter(pairs.values())).target
     rows = {"target": target.rows(1), **{name: pair.draft.rows(1) for name, pair in pairs.items()}}
     for state in rows.values():
@@ -155,15 +162,15 @@ def width_profile(pairs: dict[str, Pair], prompt: list[int], widths: int = 8, re
 
     times: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for k in range(1, widths + 1):
+        for k in widths:
             times.setdefault(f"v({k})", []).append(timed(rows["target"], k))
         for name in pairs:
             times.setdefault(name, []).append(timed(rows[name], 1))
     ms = {key: 1000 * sorted(values)[len(values) // 2] for key, values in times.items()}
     lines = [f"\nCosts after a {held}-token prompt (ms, medians of {repeats})",
-             "| target pass over k tokens | " + " | ".join(str(k) for k in range(1, widths + 1)) + " |",
-             "|---" * (widths + 1) + "|",
-             "| ms | " + " | ".join(f"{ms[f'v({k})']:.0f}" for k in range(1, widths + 1)) + " |",
+             "| target pass over k tokens | " + " | ".join(str(k) for k in widths) + " |",
+             "|---" * (len(widths) + 1) + "|",
+             "| ms | " + " | ".join(f"{ms[f'v({k})']:.0f}" for k in widths) + " |",
              "", "| draft | step (ms) | ceiling N = 1 | N = 2 | N = 3 | N = 4 |", "|---|---|---|---|---|---|"]
     for name in pairs:
         d = ms[name]
@@ -195,16 +202,17 @@ def main() -> None:
     quantized = {q: load_pair(backend="llama.cpp", draft_quant=q) for q in {s.split("@")[2] for s in args.ours
                                                                             if s.count("@") == 2}}
     head = load_head(pair)
+    bare_target = LlamaCppModel(default_gguf_pair()[1], "target, no extra buffers", extra_buffers=False)
     hf_pair = load_pair(backend="transformers") if args.transformers else None
     sets = prompt_sets(args.humaneval, args.gsm8k)
     eos = set(pair.eos_token_ids)
     profile = width_profile({"Q4_K_M": pair} | quantized, encode_prompt(pair.tokenizer, sets["humaneval"][0]))
     print(profile, flush=True)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {default_threads()} threads",
+    report = {"machine": describe(),
               "tokens": args.tokens, "costs": profile, "results": []}
     for temperature in args.temperatures:
         for set_name, texts in sets.items():
-            runs = configurations(args, pair, quantized, hf_pair, head, temperature, eos)
+            runs = configurations(args, pair, quantized, hf_pair, head, temperature, eos, bare_target)
             rows = {name: Row(name) for name in runs}
             for i, text in enumerate(texts):
                 ids = encode_prompt(pair.tokenizer, text)
@@ -227,10 +235,12 @@ def main() -> None:
 
 
 def configurations(args: argparse.Namespace, pair: Pair, quantized: dict[str, Pair], hf_pair: Pair | None, head,
-                   temperature: float, eos: set[int]) -> dict:
+                   temperature: float, eos: set[int], bare_target: LlamaCppModel) -> dict:
     """name -> run(prompt ids, prompt text, seed) -> (stats, seconds), for every configuration asked for."""
     tokens = args.tokens
-    runs = {"plain llama.cpp": lambda ids, text, seed: plain_llama(pair.target, ids, tokens, temperature, seed, eos)}
+    runs = {"plain llama.cpp": lambda ids, text, seed: plain_llama(pair.target, ids, tokens, temperature, seed, eos),
+            "plain llama.cpp, no extra buffers": lambda ids, text, seed: plain_llama(
+                bare_target, ids, tokens, temperature, seed, eos)}
     for spec in args.ours:
         used = quantized[spec.split("@")[2]] if spec.count("@") == 2 else pair
         runs[f"ours {spec}"] = (lambda ids, text, seed, spec=spec, used=used:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import openai
+from machine import describe
 
 from diversed.backends.llama_cpp import default_threads
 from diversed.models.default_pair import default_gguf_pair
@@ -135,7 +135,7 @@ def main() -> None:
         servers["llama-server"] = (common, fresh)
         servers[f"llama-server -md n-max {args.spec_n}"] = (
             [*common, "-md", str(draft), "--spec-draft-n-max", str(args.spec_n)], fresh)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {threads} threads",
+    report = {"machine": f"{describe()}, {threads} threads",
               "tokens": args.tokens, "prompts": len(prompts), "results": []}
     for round_ in range(args.rounds):
         names = list(servers) if round_ % 2 == 0 else list(reversed(servers))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from machine import describe
 
 from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
@@ -284,7 +284,7 @@ def main() -> None:
                                                                  int8=args.draft_int8)[1])
     problems = load_humaneval("test")[: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in problems]
-    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+    machine = (f"{describe()}, {torch.get_num_threads()} threads, "
                f"torch {torch.__version__}")
     draft_kind = "int8 draft" if args.draft_int8 else f"{args.dtype} draft"
     print(f"# {pair.draft_name} -> {pair.target_name}, {args.dtype} target, {draft_kind}, {len(prompts)} HumanEval "

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import openai
+from machine import describe
 from serve_speed import free_port, start
 
-from diversed.backends.llama_cpp import default_threads
 from diversed.models.default_pair import cache_dir
 from diversed.tasks import get_task
 
@@ -87,7 +86,7 @@ def main() -> None:
     configs = {"vLLM alone": ("vllm", {}), "vLLM draft_model, its sampler": ("vllm-spec", {}),
                **{f"vLLM draft_model, ours {rule}": ("vllm-spec", {"verification": rule}) for rule in RULES},
                **{f"diversed serve {rule}": ("diversed", {"verification": rule}) for rule in RULES}}
-    report = {"machine": f"{platform.processor() or platform.machine()}, {default_threads()} threads",
+    report = {"machine": describe(),
               "tokens": args.tokens, "results": []}
     try:
         texts = prompts(args.humaneval, args.edit)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -60,6 +61,29 @@ def _free(model, held: list) -> None:
     llama.llama_model_free(model)
 
 
+def amx_build() -> bool:
+    """Whether this llama.cpp was compiled with its AMX matrix kernels (a native build on an AMX CPU)."""
+    return "AMX_INT8 = 1" in llama.llama_print_system_info().decode(errors="replace")
+
+
+def virtualized(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU runs under a hypervisor (its "hypervisor" flag; `cpuinfo` is /proc/cpuinfo's text)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    return any(line.startswith("flags") and "hypervisor" in line.split() for line in cpuinfo.splitlines())
+
+
+def extra_buffers_safe(has_amx_kernels: bool, under_hypervisor: bool) -> bool:
+    """Whether llama.cpp may use its extra buffer types (AMX and repacked weights). Its AMX kernels segfault
+    on the first decode on virtualized AMX CPUs (ggml-org/llama.cpp issue 20824); there the extra buffers go
+    (both: llama.cpp has no switch for AMX alone), at the cost of the repacked weights' speed. setup.sh builds
+    llama.cpp without AMX on such CPUs, which keeps the repacked weights: this guards other builds."""
+    return not (has_amx_kernels and under_hypervisor)
+
+
 def default_threads() -> int:
     """The cores this process may use: both models run in turn, each on all of them."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -68,12 +92,14 @@ def default_threads() -> int:
 class LlamaCppModel:
     """A GGUF model behind the backend interface (diversed.backends.base.Model).
 
-    context: positions per row. threads: llama.cpp's threads (default: every core of the process)."""
+    context: positions per row. threads: llama.cpp's threads (default: every core of the process).
+    extra_buffers: llama.cpp's extra buffer types (repacked weights, AMX), its `use_extra_bufts` (default:
+    on, unless this build's AMX kernels would fault here: extra_buffers_safe)."""
 
     backend = "llama.cpp"
 
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, extra_buffers: bool | None = None) -> None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -81,6 +107,13 @@ class LlamaCppModel:
             raise ValueError(f"threads must be >= 1, got {threads}")
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
+        if extra_buffers is None:
+            extra_buffers = extra_buffers_safe(amx_build(), virtualized())
+            if not extra_buffers:
+                warnings.warn("this llama.cpp was built with AMX kernels, which segfault on virtualized CPUs: "
+                              "loading without them or repacked weights (slower); ./setup.sh builds llama.cpp "
+                              "without AMX", RuntimeWarning, stacklevel=2)
+        params.use_extra_bufts = extra_buffers
         self._model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise ValueError(f"llama.cpp cannot load {path}: not a complete GGUF model it supports "

@@ -1,0 +1,33 @@
+"""The machine a benchmark ran on, in one line for its tables and results: the CPU's model, its cores, its
+widest vector instructions, whether it is virtualized, and whether the llama.cpp in use has AMX kernels."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512 alone, AVX2).
+VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+def describe(cpuinfo: str | None = None) -> str:
+    """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; llama.cpp without AMX', say."""
+    text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)  # the last CPU's, alike
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parts = [fields.get("model name", "unknown CPU"), f"{cores} cores", level]
+    if "hypervisor" in flags:
+        parts.append("virtualized")
+    line = ", ".join(parts)
+    try:
+        from diversed.backends.llama_cpp import amx_build
+    except ImportError:  # no llama-cpp-python here
+        return line
+    return f"{line}; llama.cpp {'with' if amx_build() else 'without'} AMX kernels"
+
+
+if __name__ == "__main__":
+    print(describe())
