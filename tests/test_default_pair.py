@@ -221,7 +221,32 @@ def test_every_rule_runs_on_llama_cpp_and_greedy_exact_is_the_target(llama_pair,
                        draft_length=3, batch_size=2)
         assert all(c.metrics["new_tokens"] == 12 and 0 <= c.metrics["acceptance_rate"] <= 1 for c in out)
         if method == "exact" and temperature == 0:
-            assert [c.tokens for c in out] == [c.tokens for c in auto]
+            for prompt, ours, alone in zip(prompts, out, auto, strict=True):
+                assert_same_up_to_a_near_tie(llama_pair, prompt, ours.tokens, alone.tokens)
+
+
+# llama.cpp's logits depend on the batch's shape (its repacked AVX-512 kernels split rows differently): greedy
+# exact over a batch may part from the target alone where its top two tokens nearly tie (MODELS.md saw
+# margins of 0.12-0.31 logits flip). Parting is allowed only there, below this margin.
+NEAR_TIE = 0.5
+
+
+def assert_same_up_to_a_near_tie(pair, prompt: str, ours: list[int], alone: list[int]) -> None:
+    """ours == alone, or they part first where the target, given the shared prefix, rates both tokens within
+    NEAR_TIE logits of each other and above every other token."""
+    from diversed.text import encode_prompt
+
+    same = next((i for i, (a, b) in enumerate(zip(ours, alone, strict=False)) if a != b), None)
+    if same is None:
+        assert len(ours) == len(alone)
+        return
+    prefix = encode_prompt(pair.tokenizer, prompt) + alone[:same]
+    _, logits = pair.target.rows(1).feed([prefix], 1)
+    logits = logits[0, -1]
+    top2 = set(logits.topk(2).indices.tolist())
+    margin = abs(float(logits[ours[same]] - logits[alone[same]]))
+    assert {ours[same], alone[same]} == top2 and margin < NEAR_TIE, (
+        f"exact parted from the target alone at token {same} with a margin of {margin:.3f} logits")
 
 
 @pytest.mark.slow
