@@ -13,6 +13,7 @@ from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
 from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength
+from diversed.models.quantize import quantize_linears
 
 from tiny import perturbed, tiny_model
 
@@ -136,3 +137,35 @@ def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     drafting = jobs[0].stats
     assert drafting.drafted == 3 and drafting.accepted < 3  # an unrelated draft: rejected in the round
     assert batch.n == 2  # one round shorter, as for this row alone (two kept-everything rows of 0 said +2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_with_an_int8_draft_a_request_writes_the_same_alone_in_a_mixed_batch_and_after_traffic(temperature):
+    """The default CPU draft precision: each row's activations have their own int8 scale, so a request's
+    tokens and counts do not depend on what is decoded with it or before it (rules that read q included)."""
+    tiny = tiny_model(0)
+    target, draft = as_model(tiny), as_model(quantize_linears(perturbed(tiny, 0.05, 1), "int8"))
+    rules = [Method("exact"), Method("static", weight=0.5), Method("lossy", lenience=0.3)]
+    requests = [(prompt, rules[i % 3]) for i, prompt in enumerate(PROMPTS)]
+
+    def run(wanted: list[int], traffic: bool = False) -> dict[int, tuple]:
+        batch = Batch(target, make_drafter("model", draft, capacity=len(PROMPTS)), draft_length=DraftLength(3),
+                      capacity=len(PROMPTS))
+        if traffic:  # other requests first, to the end
+            for prompt in PROMPTS[::-1][:3]:
+                batch.add(Job(prompt[::-1], Policy(Method("static", weight=0.2), Sampling(temperature),
+                                                   torch.Generator().manual_seed(99)), 9))
+            while batch.jobs:
+                batch.step()
+        jobs = {i: Job(list(requests[i][0]), Policy(requests[i][1], Sampling(temperature),
+                                                    torch.Generator().manual_seed(10 + i)), 14) for i in wanted}
+        for j in jobs.values():
+            batch.add(j)
+        while batch.jobs:
+            batch.step()
+        return {i: (j.tokens, j.stats.drafted, j.stats.accepted) for i, j in jobs.items()}
+
+    solo = {i: run([i])[i] for i in range(len(requests))}
+    assert run(list(range(len(requests)))) == solo
+    assert run(list(range(len(requests))), traffic=True) == solo
+    assert any(accepted for _, _, accepted in solo.values())

@@ -27,6 +27,7 @@ from diversed.models.default_pair import (
 )
 from diversed.models.gguf import SOURCE_MARKER, convert_gguf, converted_from
 from diversed.models.loading import load_model, load_pair
+from diversed.models.quantize import Int8Linear
 
 N_PARTS = 12  # past 9, so sorting by name ("part10" < "part2") would show
 
@@ -167,8 +168,7 @@ def default_pair():
 @pytest.mark.slow
 def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
     draft, target = default_pair.draft.model, default_pair.target.model
-    assert isinstance(draft.lm_head, DynamicLinear)  # the defaults: dynamic int8 and float16
-    assert draft.lm_head._packed_params.dtype == torch.qint8
+    assert isinstance(draft.lm_head, Int8Linear)  # the defaults: int8 per token and float16 weights
     assert isinstance(target.lm_head, DynamicLinear)
     assert target.lm_head._packed_params.dtype == torch.float16
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]

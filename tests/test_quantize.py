@@ -7,14 +7,19 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from diversed.decoding.engine import decode
 from diversed.decoding.method import Method
 from diversed.decoding.sampling import Sampling
-from diversed.models.quantize import quantize_linears
+from diversed.models.quantize import Int8Linear, quantize_linears
 
 from tiny import perturbed, tiny_model
 
 
-@pytest.mark.parametrize(("weights", "stored", "max_tv"),
-                         [("float16", torch.float16, 1e-3), ("int8", torch.qint8, 0.1)])
-def test_every_linear_layer_is_replaced_and_the_distributions_stay_close(weights, stored, max_tv):
+def _is(weights: str, layer: torch.nn.Module) -> bool:
+    if weights == "int8":
+        return isinstance(layer, Int8Linear) and layer.weight_t.dtype == torch.int8
+    return isinstance(layer, DynamicLinear) and layer._packed_params.dtype == torch.float16
+
+
+@pytest.mark.parametrize(("weights", "max_tv"), [("float16", 1e-3), ("int8", 0.1)])
+def test_every_linear_layer_is_replaced_and_the_distributions_stay_close(weights, max_tv):
     model = tiny_model(0, layers=2)
     ids = torch.tensor([[3, 5, 7, 11, 13]])
     with torch.no_grad():
@@ -22,10 +27,24 @@ def test_every_linear_layer_is_replaced_and_the_distributions_stay_close(weights
         quantize_linears(model, weights)
         after = model(ids).logits
     assert not [m for m in model.modules() if type(m) is torch.nn.Linear]
-    assert isinstance(model.lm_head, DynamicLinear) and model.lm_head._packed_params.dtype == stored
+    assert _is(weights, model.lm_head)
     assert torch.corrcoef(torch.stack([before.flatten(), after.flatten()]))[0, 1] > 0.99
     tv = 0.5 * (after.softmax(-1) - before.softmax(-1)).abs().sum(-1)
     assert tv.max() < max_tv  # float16 weights: float32's distributions up to the weights' rounding
+
+
+def test_an_int8_layer_gives_each_token_what_it_gives_it_alone():
+    """Per-token activation scales and integer accumulation: a token's output is bit for bit the same
+    whatever else the call holds, unlike a scale shared over the batch."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 40)
+    layer = Int8Linear(linear)
+    x = torch.randn(7, 64)
+    x[3] *= 50  # a loud neighbour would set a shared scale
+    together = layer(x)
+    assert all(torch.equal(layer(x[i:i + 1])[0], together[i]) for i in range(7))
+    assert torch.equal(layer(x.view(1, 7, 64))[0], together)
+    assert torch.allclose(together, linear(x), rtol=0.05, atol=0.05 * float(linear(x).abs().max()))
 
 
 def test_a_bfloat16_model_is_left_alone_and_unknown_weights_are_refused():

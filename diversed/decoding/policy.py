@@ -1,11 +1,15 @@
 """How each row of a batch is decoded: its method, sampling, random stream and head (a Policy), and the
 per-round sampling and verification of a batch whose rows may follow different policies.
 
-Rows that share one Policy object are sampled and verified together, in one call of diversed.verify, so a
-batch of one policy (a `decode` call) runs exactly as if there were no grouping; a server's rows, one
-policy per request, are verified request by request, each with its own rule, weight and seed. Where the
-rows follow several policies, one whose sampling, head or rule raises fails its own rows only (`failed`):
-the others' round goes on.
+Rows that share one Policy object are sampled and verified together, one call of diversed.verify per
+draft length among them; a server's rows, one policy per request, are verified request by request, each with
+its own rule, weight and seed. Where the rows follow several policies, one whose sampling, head or rule
+raises fails its own rows only (`failed`): the others' round goes on.
+
+A request's result does not depend on its company. Each round, a policy's random stream gives two fresh
+streams of the round, one for drafting and one for the target's tokens (verification, a step of the target
+alone), and each row is verified over its own drafts only: what other rows draft (longer rounds, draws past
+this row's last draft) consumes nothing this row reads later.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class Groups:
         self.size = len(policies)
         self.groups = list(rows.values())
         self.failed: dict[int, Exception] = {}  # row -> what its policy raised this round
+        self.streams = {id(policy): _round_streams(policy) for policy, _ in self.groups}
 
     @property
     def hidden(self) -> bool:
@@ -86,26 +91,42 @@ class Groups:
         return self._per_group(lambda policy, rows: policy.sampling.probs(logits[rows]),
                                lambda: torch.zeros(logits.shape, device=logits.device))
 
-    def sample(self, probs: Tensor) -> Tensor:
-        """One token per row of probs [B, V] -> [B], each from its own policy's random stream."""
-        return self._per_group(lambda policy, rows: policy.sampling.sample(probs[rows], policy.generator),
-                               lambda: probs.new_zeros(self.size, dtype=torch.long))
+    def sample(self, probs: Tensor, drafting: bool = False) -> Tensor:
+        """One token per row of probs [B, V] -> [B], each from its own policy's stream of the round: the
+        drafting one for drafts, else the target's."""
+        return self._per_group(lambda policy, rows: policy.sampling.sample(
+            probs[rows], self.streams[id(policy)][0 if drafting else 1]), lambda: probs.new_zeros(
+            self.size, dtype=torch.long))
 
     def verify(self, drafts: Tensor, q: Tensor, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
                h_target: Tensor | None, clock: PhaseClock) -> Verification:
         """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] and
-        p [B, N + 1, V]; a row that kept all of its own drafts gets its bonus token from p after them."""
+        p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
+        bonus token from p after them), in one call of the rule per draft length among a group's rows."""
         def one(policy: Policy, rows: slice | list[int]) -> Verification:
             params = policy.method.verify_params()
             if policy.method.rule == "dynamic":
                 with clock.phase("head"):
                     params["weight"] = shifted(_checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
                                                                  drafts[rows].shape), policy.method.shift)
+            generator = self.streams[id(policy)][1]
             with clock.phase("verify"):
-                # The target-alone rows drafted nothing: any rule gives them p's token after their 0 drafts.
-                out = verify(policy.method.rule or "exact", drafts[rows], q[rows], p[rows],
-                             greedy=policy.sampling.greedy, generator=policy.generator, validate=False, **params)
-                return _limit_to_drafted(out, lengths[rows], p[rows], policy)
+                own = lengths[rows]
+                out = Verification(own.new_zeros(own.shape), own.new_zeros(own.shape),
+                                   torch.zeros(own.shape + (n,), dtype=torch.bool, device=p.device),
+                                   torch.zeros(own.shape + (n,), device=p.device))
+                for length in own.unique().tolist():
+                    at = (own == length).nonzero().squeeze(-1)
+                    if length == 0:  # the target alone: p's token after no drafts, whatever the rule
+                        out.next_token[at] = policy.sampling.sample(p[rows][at, 0], generator)
+                        continue
+                    part = verify(policy.method.rule or "exact", drafts[rows][at, :length], q[rows][at, :length],
+                                  p[rows][at, :length + 1], greedy=policy.sampling.greedy, generator=generator,
+                                  validate=False, **{k: v[at, :length] if isinstance(v, Tensor) else v
+                                                     for k, v in params.items()})
+                    out.num_accepted[at], out.next_token[at] = part.num_accepted, part.next_token
+                    out.accepted[at, :length], out.accept_prob[at, :length] = part.accepted, part.accept_prob
+                return out
 
         n = drafts.shape[1]
         lengths = lengths.to(p.device)
@@ -142,18 +163,6 @@ class Groups:
             return None
 
 
-def _limit_to_drafted(out: Verification, lengths: Tensor, p: Tensor, policy: Policy) -> Verification:
-    """Sequences that drafted fewer tokens than the round keep at most their own drafts; one that kept all
-    of them gets its bonus token from p at the position after its last draft."""
-    if bool((lengths == out.accepted.shape[1]).all()):
-        return out
-    short = out.num_accepted >= lengths
-    num_accepted = torch.minimum(out.num_accepted, lengths)
-    bonus = policy.sampling.sample(p[torch.arange(len(lengths), device=p.device), lengths], policy.generator)
-    accepted = out.accepted & (torch.arange(out.accepted.shape[1], device=p.device) < lengths.unsqueeze(-1))
-    return Verification(num_accepted, torch.where(short, bonus, out.next_token), accepted, out.accept_prob)
-
-
 def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
     """A weight function's output must be one w in [0, 1] per drafted token (cheap to check: [B, N])."""
     if tuple(weight.shape) != tuple(shape):
@@ -161,6 +170,15 @@ def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
     if not bool(((weight >= 0) & (weight <= 1)).all()):
         raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
     return weight
+
+
+def _round_streams(policy: Policy) -> tuple[torch.Generator | None, torch.Generator | None]:
+    """This round's drafting and target streams of a policy, seeded by one draw from its own stream (None for
+    a policy without one: torch's global stream, as before)."""
+    if policy.generator is None or policy.sampling.greedy:
+        return policy.generator, policy.generator
+    seed = int(torch.randint(2**62, (1,), generator=policy.generator, device=policy.generator.device))
+    return tuple(torch.Generator(policy.generator.device).manual_seed(seed + i) for i in (0, 1))
 
 
 def shifted(weight: Tensor, shift: float | None) -> Tensor:

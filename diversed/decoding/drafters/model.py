@@ -87,7 +87,7 @@ def _draft(draft, tokens: list[list[int]], caps: list[int], groups: Groups, conf
         seconds.append(clock.seconds["draft forward"] - before)
         with clock.phase("sampling"):
             q = groups.probs(logits[:, -1])
-            x = groups.sample(q)
+            x = groups.sample(q, drafting=True)
         drafts.append(x)
         probs.append(q)
         if groups.hidden:
