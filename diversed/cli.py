@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
     gen.add_argument("--top-p", type=float, default=1.0)
     _add_drafting_options(gen)
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--max-new-tokens", type=int,
+                     help="at most so many new tokens (default: until the answer ends, within the context)")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     gen.add_argument("--system", help="a system message for the chat template")
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
     srv.add_argument("--max-waiting", type=int, default=64,
                      help="requests queued beyond the batch; more are refused with 503 (default 64)")
-    srv.add_argument("--max-tokens", type=int, default=512, help="a chat request's limit when it sets none")
+    srv.add_argument("--max-tokens", type=int,
+                     help="a chat request's limit when it sets none (default: what the context leaves)")
     srv.add_argument("--model-name", help="the model id clients see (default: the target's name)")
     _add_drafting_options(srv)
     _add_model_options(srv)
@@ -196,6 +198,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from diversed.decoding.method import Method
     from diversed.generation import check_request, generate
 
@@ -232,7 +236,11 @@ def _generate(args: argparse.Namespace) -> int:
             _print_completion(generate(pair, prompt, seed=args.seed + i, **options, on_text=lambda _, piece: print(
                 piece, end="", flush=True))[0], args, streamed=True)
         return 0
-    for c in generate(pair, request.prompts, batch_size=args.batch_size, seed=args.seed, **options):
+    # A progress line on stderr for a generation that takes a while (a terminal only; gone when it ends).
+    with tqdm(desc="generating", unit=" tokens", delay=2, leave=False, disable=None, file=sys.stderr) as bar:
+        completions = generate(pair, request.prompts, batch_size=args.batch_size, seed=args.seed, **options,
+                               on_tokens=lambda _, new: bar.update(len(new)))
+    for c in completions:
         _print_completion(c, args)
     return 0
 

@@ -43,7 +43,7 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     draft_length: int | DraftLength | None = None,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     stop: Sequence[str] = (),
     chat: bool | None = None,
     system: str | None = None,
@@ -52,6 +52,7 @@ def generate(
     weight_fn: WeightFn | None = None,
     profile: bool = False,
     on_text: Callable[[int, str], None] | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
     cache: SuffixCache | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
@@ -64,11 +65,13 @@ def generate(
     "lookup" (prompt lookup) or "suffix" (a suffix cache shared by the batches of this call, or `cache`).
     draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
+    max_new_tokens: at most so many new tokens; None: until the end of the answer (EOS or a stop string), or
+    as many as the models' context leaves after the longest prompt of a batch, as llama.cpp and OpenAI do.
     stop: strings that end a sequence; its text is cut before the first one.
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
     on_text(i, piece): called with prompt i's new text as it is generated (streaming); the pieces of a prompt
-    join into its Completion.text.
+    join into its Completion.text. on_tokens(i, new): the same with its new token ids (progress).
     """
     request = check_request(prompts, method=method, drafter=drafter, temperature=temperature, top_k=top_k,
                             top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop,
@@ -85,11 +88,12 @@ def generate(
         raise ValueError("a conversation (chat messages) needs the chat template: not with chat=False")
     ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
 
-    streams, so_far = [StreamedText(tokenizer, stop) for _ in prompts], [[] for _ in prompts]
+    streams = [StreamedText(tokenizer, stop) for _ in prompts]
 
     def stream(i: int, new: list[int]) -> None:
-        so_far[i] += new
-        if piece := streams[i].update(so_far[i]):
+        if on_tokens is not None:
+            on_tokens(i, new)
+        if on_text is not None and (piece := streams[i].add(new)):
             on_text(i, piece)
 
     completions, cache = [], SuffixCache() if cache is None else cache
@@ -97,13 +101,15 @@ def generate(
         batch = slice(start, start + batch_size)
         out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, method=method,
                      sampling=request.sampling, draft_length=draft_length,
-                     max_new_tokens=max_new_tokens, eos_token_ids=pair.eos_token_ids,
+                     max_new_tokens=max_new_tokens or _room(pair, ids[batch], draft_length),
+                     eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
                      weight_fn=weight_fn, seed=seed + start, profile=profile,
-                     on_tokens=None if on_text is None else lambda row, new, start=start: stream(start + row, new))
+                     on_tokens=None if on_text is None and on_tokens is None else
+                     lambda row, new, start=start: stream(start + row, new))
         for i, (prompt, tokens, stats) in enumerate(zip(prompts[batch], out.tokens, out.stats, strict=True), start):
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
-            if on_text is not None and (rest := streams[i].update(tokens, final=True)):
+            if on_text is not None and (rest := streams[i].add([], final=True)):
                 on_text(i, rest)
             metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
             completions.append(Completion(prompt, text, tokens, metrics))
@@ -125,7 +131,8 @@ class Request:
 def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
                   temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
-                  max_new_tokens: int = 128, stop: str | Sequence[str] = (), batch_size: int = 1, seed: int = 0
+                  max_new_tokens: int | None = None, stop: str | Sequence[str] = (), batch_size: int = 1,
+                  seed: int = 0
                   ) -> Request:
     """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
     model loads): a ValueError names the argument, the value and what is accepted."""
@@ -153,6 +160,8 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
             raise ValueError(f"{name} must be a finite number, got {_show(value)}")
     for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
                              ("batch_size", batch_size, 1), ("seed", seed, 0)):
+        if name == "max_new_tokens" and value is None:  # until the end of the answer
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
             raise ValueError(f"{name} must be an integer >= {low}, got {_show(value)}")
     if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
@@ -163,6 +172,15 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
     return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
                    stop)
+
+
+def _room(pair: Pair, prompts: list[list[int]], draft_length: DraftLength) -> int:
+    """The most new tokens every prompt of a batch may have: what both models' context leaves after the
+    longest prompt and a round of drafts (Batch.check refuses a prompt that leaves none)."""
+    contexts = [m.context_length for m in (pair.target, pair.draft) if m is not None and m.context_length]
+    if not contexts:
+        return 2**31
+    return max(1, min(contexts) - max(map(len, prompts)) - draft_length.longest - 1)
 
 
 def _check_text(name: str, text) -> None:

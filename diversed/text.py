@@ -8,8 +8,21 @@ from diversed.decoding.engine import StopFn
 
 
 def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
-    """A stop function for the decoding loop: true once the decoded new text holds a stop string."""
-    return (lambda tokens: any(s in tokenizer.decode(tokens) for s in stop)) if stop else None
+    """A stop function for the decoding loop (StopFn): after a round appended tokens[start:], the number of
+    tokens with which the text first holds a stop string, or None. It decodes the new tokens and, before
+    them, enough to hold a stop string's beginning (a token is at least one byte), never the whole answer."""
+    if not stop:
+        return None
+    context = 4 * max(map(len, stop))  # UTF-8 bytes of the longest stop string, at most: so many tokens
+
+    def find(tokens: list[int], start: int) -> int | None:
+        base = max(0, start - context)
+        if not any(s in tokenizer.decode(tokens[base:]) for s in stop):
+            return None
+        return next(end for end in range(start + 1, len(tokens) + 1)
+                    if any(s in tokenizer.decode(tokens[base:end]) for s in stop))
+
+    return find
 
 
 def check_encodable(name: str, text: str) -> None:
@@ -53,18 +66,41 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
 class StreamedText:
     """The text of a growing list of new tokens, released in pieces that are never taken back: an unfinished
     UTF-8 character at the end is held back, and so is any end that may be the start of a stop string. The
-    pieces joined equal cut_at_stop(tokenizer.decode(tokens)) of the final tokens."""
+    pieces joined equal cut_at_stop(tokenizer.decode(tokens)) of the final tokens.
+
+    A call decodes only the new tokens, after a few before them (CONTEXT, so that a tokenizer that drops a
+    leading space decodes them as they read within the text), and looks for stop strings in the new text
+    only: a round's work does not grow with the answer."""
+
+    CONTEXT = 4
 
     def __init__(self, tokenizer, stop: Sequence[str]) -> None:
-        self.tokenizer, self.stop, self.sent = tokenizer, tuple(stop), 0
+        self.tokenizer, self.stop = tokenizer, tuple(stop)
+        self.longest = max(map(len, self.stop), default=0)
+        self.tokens: list[int] = []
+        self.decoded = 0  # tokens whose text is in self.text
+        self.text = ""
+        self.sent = 0  # characters released
+        self.cut: int | None = None  # where the first stop string starts in self.text, once there is one
 
-    def update(self, tokens: Sequence[int], final: bool = False) -> str:
-        """The text not yet released, for the tokens so far (all of it when `final`)."""
-        text = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), self.stop)
-        if not final:
-            text = text.rstrip("\ufffd")  # the replacement character of a byte sequence still incomplete
-            held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - held]
-        piece = text[self.sent:]
-        self.sent = max(self.sent, len(text))
+    def add(self, new: Sequence[int], final: bool = False) -> str:
+        """The text not yet released, with `new` tokens appended (all of it when `final`)."""
+        self.tokens += new
+        if self.cut is None and len(self.tokens) > self.decoded:
+            base = max(0, self.decoded - self.CONTEXT)
+            before = self._decode(self.tokens[base:self.decoded])
+            after = self._decode(self.tokens[base:])
+            if final or not after.endswith("\ufffd"):  # else a character is still incomplete: wait for it
+                searched = max(0, len(self.text) - self.longest + 1)
+                self.text += after[len(before):]
+                self.decoded = len(self.tokens)
+                self.cut = min((i for s in self.stop if (i := self.text.find(s, searched)) >= 0), default=None)
+        end = len(self.text) if self.cut is None else self.cut
+        if not final and self.cut is None:
+            end -= max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        piece = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
         return piece
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -528,7 +528,7 @@ def test_streamed_text_never_takes_back_and_joins_into_the_cut_text(stop):
     tokens = tokenizer("t3 t7 t8 t9 t7 t8 t5")["input_ids"]
     streamed, pieces = StreamedText(tokenizer, stop), []
     for end in range(1, len(tokens) + 1):
-        pieces.append(streamed.update(tokens[:end], final=end == len(tokens)))
+        pieces.append(streamed.add(tokens[end - 1:end], final=end == len(tokens)))
         assert not any(s in "".join(pieces) for s in stop)
     assert "".join(pieces) == cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
 
@@ -542,5 +542,37 @@ def test_an_unfinished_character_is_held_back():
 
     euro = list("a€b".encode())
     streamed = StreamedText(Bytes(), ())
-    pieces = [streamed.update(euro[:end]) for end in range(1, len(euro) + 1)]
+    pieces = [streamed.add([token]) for token in euro]
     assert pieces == ["a", "", "", "€", "b"]
+
+
+@pytest.mark.parametrize("stop", [(), ("€b",), ("b\n",), ("zz", "€")])
+def test_streamed_text_in_chunks_of_any_size_joins_into_the_cut_text(stop):
+    import random
+
+    from diversed.text import StreamedText, cut_at_stop
+
+    class Bytes:
+        def decode(self, tokens, skip_special_tokens=True):
+            return bytes(tokens).decode("utf-8", errors="replace")
+
+    tokens = list("a€b\nxé€b\nzz€".encode()) * 3
+    rng = random.Random(0)
+    for _ in range(20):
+        streamed, pieces, start = StreamedText(Bytes(), stop), [], 0
+        while start < len(tokens):
+            end = min(len(tokens), start + rng.randint(1, 5))
+            pieces.append(streamed.add(tokens[start:end], final=end == len(tokens)))
+            start = end
+        assert "".join(pieces) == cut_at_stop(Bytes().decode(tokens), stop)
+
+
+def test_the_stop_checker_finds_the_token_that_completes_a_stop_string_across_rounds():
+    from diversed.text import stop_checker
+
+    tokenizer = word_tokenizer()
+    tokens = tokenizer("t3 t7 t8 t9 t7 t8 t5")["input_ids"]
+    find = stop_checker(tokenizer, ["t9 t7"])
+    assert find(tokens[:4], 0) is None and find(tokens[:5], 4) == 5  # the stop string spans the rounds
+    assert find(tokens, 2) == 5  # a round that wrote past it is cut where it was completed
+    assert stop_checker(tokenizer, []) is None

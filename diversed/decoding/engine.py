@@ -32,8 +32,9 @@ from diversed.decoding.sampling import Sampling
 from diversed.decoding.schedule import DraftLength, SpeedModel
 from diversed.verify import Verification, total_variation
 
-# The new tokens of a sequence so far -> whether a stop string has appeared.
-StopFn = Callable[[list[int]], bool]
+# (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
+# string (the round's token that completed it included), or None: a stop string never appeared.
+StopFn = Callable[[list[int], int], int | None]
 
 
 @dataclass
@@ -82,10 +83,9 @@ def decode(
     with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share (default: a new
     one). Method "auto" decodes with the target alone; every other method needs a drafter, and "diversed" a
     weight_fn (the trained head) that turns both models' last hidden states into a weight per drafted
-    position. A sequence stops at any of
-    eos_token_ids (kept in its tokens), when stop(tokens) is true, or at max_new_tokens. Seeded: the same
-    inputs give the same tokens. profile=True makes the per-phase times of Generation.profile exact on a
-    GPU (by waiting for the device around each phase).
+    position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a
+    stop string, or at max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the
+    per-phase times of Generation.profile exact on a GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     trace: keep, for every new token, what the verifier saw there (Generation.traces; the "dynamic" and
@@ -170,12 +170,11 @@ class Job:
                 self.stats.finish_reason = "length"
                 break
         self.tokens += added
-        if not self.finished and self.stop is not None and self.stop(self.tokens):
+        start = len(self.tokens) - len(added)
+        if not self.finished and self.stop is not None and (end := self.stop(self.tokens, start)) is not None:
             self.stats.finish_reason = "stop"
             # A round can write past the token that completed the stop string: end there, so the counts
             # (new tokens, tau, tokens/s, a server's usage) and the trace cover what a plain decode writes.
-            start = len(self.tokens) - len(added)
-            end = next(start + k for k in range(1, len(added) + 1) if self.stop(self.tokens[:start + k]))
             del self.tokens[end:], self.bonus[end:], added[end - start:]
         self.stats.new_tokens = len(self.tokens)
         self.stats.count_deciders(len(added), kept, drafted)

@@ -69,7 +69,7 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
             hook.remove()
         draft.generation_config = assistant_config
     tokens = out[0, ids.shape[1]:].tolist()
-    stopped = (check := stop_checker(pair.tokenizer, stop)) is not None and check(tokens)
+    stopped = (check := stop_checker(pair.tokenizer, stop)) is not None and check(tokens, 0) is not None
     stats = SequenceStats(new_tokens=len(tokens), target_forwards=calls["target"], draft_forwards=calls["draft"],
                           drafted=calls["draft"], accepted=max(len(tokens) - calls["target"], 0), wall_time=wall,
                           finish_reason="eos" if tokens and tokens[-1] in pair.eos_token_ids else
@@ -85,7 +85,7 @@ def _stop_criteria(pair: Pair, stop: Sequence[str], prompt_length: int) -> Stopp
 
     class StopStrings(StoppingCriteria):
         def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-            done = [check(row[prompt_length:].tolist()) for row in input_ids]
+            done = [check(row[prompt_length:].tolist(), 0) is not None for row in input_ids]
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([StopStrings()])

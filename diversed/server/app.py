@@ -40,9 +40,9 @@ from diversed.text import StreamedText, encode_messages, stop_checker
 class ServerConfig:
     """What a server runs. method: the rule of requests that name none; heads: name -> head folder (the heads
     shipped for the built-in pair are added under their names, and the default one as "default", when they
-    fit the pair); max_batch: requests decoded
-    together; max_waiting: requests queued beyond them (more get 503); max_tokens: a chat request's limit
-    when it sets none; draft_length: the batch's drafting (None: the backend's default); drafter: what drafts
+    fit the pair); max_batch: requests decoded together; max_waiting: requests queued beyond them (more get
+    503); max_tokens: a chat request's limit when it sets none (None: what the context leaves, as OpenAI and
+    llama-server do); draft_length: the batch's drafting (None: the backend's default); drafter: what drafts
     for requests that name none (diversed.decoding.drafters; the batch holds them all, and one suffix cache
     over every request's text)."""
 
@@ -50,13 +50,13 @@ class ServerConfig:
     heads: dict[str, str] = field(default_factory=dict)
     max_batch: int = 8
     max_waiting: int = 64
-    max_tokens: int = 512
+    max_tokens: int | None = None
     draft_length: DraftLength | None = None
     model_name: str | None = None
     drafter: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_waiting < 0 or self.max_tokens < 1:
+        if self.max_batch < 1 or self.max_waiting < 0 or (self.max_tokens is not None and self.max_tokens < 1):
             raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
                              f"{self.max_tokens} and {self.max_waiting}")
         method = Method.parse(self.method)
@@ -130,7 +130,7 @@ class Server:
         generator = torch.Generator(device=self.pair.target.device)
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
         room = (self.pair.target.context_length or 2**31) - len(ids) - self.drafting.longest - 1
-        max_tokens = call.max_tokens or max(min(self.config.max_tokens, room), 1)
+        max_tokens = call.max_tokens or max(min(self.config.max_tokens or room, room), 1)
         drafter = call.drafter or self.config.drafter
         if method.name == "diversed" and drafter in ("lookup", "suffix"):
             raise BadRequest(f"verification 'diversed' reads the draft model's hidden states, which drafter "
@@ -178,7 +178,7 @@ class _Events:
             if job.policy.drafts:
                 metrics.record_rounds(job.policy.method, stats.drafted, stats.accepted,
                                       stats.reached[0] if stats.reached else 0, stats.kept, stats.drafters)
-        self._put(("tokens", list(job.tokens), job.finished))
+        self._put(("tokens", new, job.finished))  # the round's tokens only: the engine never waits on a copy
 
     def fail(self, job: Job, message: str) -> None:  # the engine thread
         self.server.metrics.errors.labels("500").inc()
@@ -281,7 +281,7 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
     """Wait for the job, watching for the client going away (then its row is freed)."""
     items = aiter(events)
     pending = asyncio.ensure_future(anext(items))
-    checked = time.monotonic()
+    checked, pieces = time.monotonic(), []
     try:
         while True:
             done, _ = await asyncio.wait({pending}, timeout=0.5)
@@ -296,9 +296,10 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
             kind, payload, finished = pending.result()
             if kind == "error":
                 return JSONResponse(error_body(payload, "server_error"), status_code=500)
+            pieces.append(text.add(payload, final=finished))
             if finished:
-                body = reply.whole(text.update(payload, final=True), FINISH_REASONS[job.stats.finish_reason],
-                                   usage(len(job.prompt), len(payload)), _speculative(job))
+                body = reply.whole("".join(pieces), FINISH_REASONS[job.stats.finish_reason],
+                                   usage(len(job.prompt), len(job.tokens)), _speculative(job))
                 return JSONResponse(body)
             pending = asyncio.ensure_future(anext(items))
     finally:
@@ -321,14 +322,14 @@ async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text:
             if kind == "error":
                 yield sse(error_body(payload, "server_error"))
                 break
-            piece = text.update(payload, final=finished)
+            piece = text.add(payload, final=finished)
             if piece:
                 yield sse(reply.chunk(piece, first=first))
                 first = False
             if finished:
                 yield sse(reply.chunk(None if reply.chat else "", FINISH_REASONS[job.stats.finish_reason]))
                 if call.include_usage:
-                    yield sse(reply.usage_chunk(usage(len(job.prompt), len(payload)), _speculative(job)))
+                    yield sse(reply.usage_chunk(usage(len(job.prompt), len(job.tokens)), _speculative(job)))
         yield "data: [DONE]\n\n"
     finally:
         if not job.finished:
