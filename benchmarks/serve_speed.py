@@ -7,7 +7,9 @@ answers one warm-up request, then takes each level of concurrency in turn; `--ro
 sequence with the servers in reversed order, so that drift in the machine shows. Every client level sends
 the same prompts (held-out HumanEval and GSM8K test problems, chat form) at T = 0 with max_tokens 128.
 Reported per server and level: total completion tokens per second over the level's wall time, mean request
-latency, mean time to the first token, and (ours) the acceptance rate.
+latency, mean time to the first token, and (ours) the acceptance rate. `--long N` then streams one N-token
+answer per server (a completion that counts on, T = 0) and compares the time of its last 100 tokens with its
+first 100: a server whose work per round grew with the answer would show it there.
 
   .venv/bin/python benchmarks/serve_speed.py --llama-server PATH/llama-server --out results/serve-speed.json
 """
@@ -26,9 +28,10 @@ from pathlib import Path
 
 import openai
 from machine import describe
+from transformers import AutoTokenizer
 
 from diversed.backends.llama_cpp import default_threads
-from diversed.models.default_pair import default_gguf_pair
+from diversed.models.default_pair import default_gguf_pair, prepare_default_pair
 from diversed.tasks import get_task
 
 
@@ -70,6 +73,31 @@ def one_request(api: openai.OpenAI, model: str, prompt: str, extra: dict, tokens
             speculative = (chunk.model_extra or {}).get("speculative")
     return {"tokens": usage if usage is not None else count, "latency": time.perf_counter() - started,
             "ttft": (first or time.perf_counter()) - started, "speculative": speculative}
+
+
+def long_answer(port: int, extra: dict, tokens: int, tokenizer) -> dict:
+    """One streamed completion of `tokens` tokens (a count that goes on at T = 0): seconds for its first and
+    its last 100 tokens, counted by tokenizing the text received so far at each chunk."""
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
+    model = api.models.list().data[0].id
+    text, marks = "", []
+    stream = api.completions.create(model=model, prompt=COUNTING, max_tokens=tokens, temperature=0, stream=True,
+                                    extra_body=extra)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            text += chunk.choices[0].text
+            marks.append((time.perf_counter(), len(tokenizer(text)["input_ids"])))
+
+    def at(count: int) -> float:  # when the answer first held `count` tokens
+        return next(t for t, n in marks if n >= count)
+
+    written = marks[-1][1]
+    first, last = at(100) - marks[0][0], marks[-1][0] - at(written - 100)
+    return {"tokens": written, "first_100_s": first, "last_100_s": last, "last_vs_first": last / first}
+
+
+# A completion prompt whose greedy continuation is long: counting on.
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
 
 def level(port: int, prompts: list[str], clients: int, extra: dict, tokens: int) -> dict:
@@ -115,6 +143,8 @@ def main() -> None:
                         help="verification rules sent to our server, one configuration each")
     parser.add_argument("--spec-n", type=int, default=3, help="llama-server -md's --spec-draft-n-max")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--long", type=int, default=0, metavar="N",
+                        help="also stream one N-token answer per server: its last 100 tokens against its first 100")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -135,6 +165,7 @@ def main() -> None:
         servers["llama-server"] = (common, fresh)
         servers[f"llama-server -md n-max {args.spec_n}"] = (
             [*common, "-md", str(draft), "--spec-draft-n-max", str(args.spec_n)], fresh)
+    tokenizer = AutoTokenizer.from_pretrained(prepare_default_pair(progress=False)[1]) if args.long else None
     report = {"machine": f"{describe()}, {threads} threads",
               "tokens": args.tokens, "prompts": len(prompts), "results": []}
     for round_ in range(args.rounds):
@@ -155,10 +186,17 @@ def main() -> None:
                         print(json.dumps(result), flush=True)
                         if args.out:
                             args.out.write_text(json.dumps(report, indent=1) + "\n")
+                    if args.long:
+                        result = {"server": label, "round": round_, **long_answer(port, extra, args.long, tokenizer)}
+                        report.setdefault("long", []).append(result)
+                        print(json.dumps(result), flush=True)
             finally:
                 process.terminate()
                 process.wait(60)
     print(table(report["results"]))
+    for r in report.get("long", []):
+        print(f"{r['server']}: {r['tokens']}-token answer, first 100 tokens {r['first_100_s']:.2f} s, last 100 "
+              f"{r['last_100_s']:.2f} s ({r['last_vs_first']:.2f}x)")
 
 
 def table(results: list[dict]) -> str:

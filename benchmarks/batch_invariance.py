@@ -1,0 +1,113 @@
+"""Does a request's result depend on its company? The same requests decoded alone, together in one batch
+and after other traffic, on the default pair, counting the requests whose tokens or draft counts differ.
+
+- transformers (--backend transformers): the six-request mix of issue 49 (two chat prompts, each under
+  exact, static:0.5 and lossy:0.3), T = 0 and a seeded T = 1, 3 drafts a round from the draft model at its
+  default precision (int8 per token): every request should read the same in all three runs.
+- llama.cpp (--backend llama.cpp): --prompts held-out prompts (HumanEval then GSM8K test problems) at T = 0,
+  the target alone and exact with 3 drafts, alone and in batches of --batch: llama.cpp's logits depend on
+  the batch's shape, so greedy answers may part at near-ties; this counts how often.
+
+    .venv/bin/python benchmarks/batch_invariance.py --backend transformers --out results/batch-invariance-hf.json
+    .venv/bin/python benchmarks/batch_invariance.py --backend llama.cpp --prompts 52 --tokens 48 \
+        --out results/batch-invariance-llama.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from machine import describe
+
+from diversed.decoding.drafters import make_drafter
+from diversed.decoding.engine import Batch, Job
+from diversed.decoding.method import Method
+from diversed.decoding.policy import Policy
+from diversed.decoding.sampling import Sampling
+from diversed.decoding.schedule import DraftLength
+from diversed.models.loading import Pair, load_pair
+from diversed.tasks import get_task
+from diversed.text import encode_prompt
+
+MIX_PROMPTS = ("Name three prime numbers greater than 50.", "Write a Python function that reverses a string.")
+MIX_RULES = ("exact", "static:0.5", "lossy:0.3")
+
+
+def run(pair: Pair, requests: list[tuple[list[int], Method]], temperature: float, tokens: int, together: int,
+        traffic: list[list[int]] = ()) -> list[tuple]:
+    """Each request's (tokens, drafted, accepted), decoded `together` at a time (in order), after `traffic`
+    (prompts decoded to the end first, on the same batch)."""
+    capacity = max(together, len(traffic), 1)
+    draft_length = DraftLength(3)
+    batch = Batch(pair.target, make_drafter("model", pair.draft, capacity=capacity), draft_length=draft_length,
+                  eos_token_ids=pair.eos_token_ids, capacity=capacity)
+
+    def job(ids: list[int], method: Method, seed: int) -> Job:
+        return Job(list(ids), Policy(method, Sampling(temperature), torch.Generator().manual_seed(seed)), tokens)
+
+    for i, ids in enumerate(traffic):
+        batch.add(job(ids, Method.parse("static:0.2"), 1000 + i))
+    while batch.jobs:
+        batch.step()
+    results = []
+    for start in range(0, len(requests), together):
+        jobs = [job(ids, method, start + i) for i, (ids, method) in enumerate(requests[start:start + together])]
+        for j in jobs:
+            batch.add(j)
+        while batch.jobs:
+            batch.step()
+        results += [(j.tokens, j.stats.drafted, j.stats.accepted) for j in jobs]
+    return results
+
+
+def compare(name: str, solo: list[tuple], other: list[tuple], labels: list[str]) -> dict:
+    differ = [label for label, a, b in zip(labels, solo, other, strict=True) if a != b]
+    tokens = [label for label, a, b in zip(labels, solo, other, strict=True) if a[0] != b[0]]
+    print(f"{name}: {len(differ)} of {len(labels)} requests differ from alone ({len(tokens)} in their tokens)"
+          + (f": {', '.join(differ)}" if differ else ""), flush=True)
+    return {"run": name, "requests": len(labels), "differ": len(differ), "tokens_differ": len(tokens),
+            "which": differ}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("transformers", "llama.cpp"), required=True)
+    parser.add_argument("--prompts", type=int, default=52, help="llama.cpp: held-out prompts")
+    parser.add_argument("--batch", type=int, default=4, help="llama.cpp: rows decoded together")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    pair = load_pair(backend=args.backend)
+    report = {"machine": describe(), "backend": args.backend, "tokens": args.tokens, "results": []}
+    if args.backend == "transformers":
+        requests = [(encode_prompt(pair.tokenizer, p), Method.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
+        labels = [f"{r} on prompt {i + 1}" for i in range(len(MIX_PROMPTS)) for r in MIX_RULES]
+        traffic = [encode_prompt(pair.tokenizer, "Count from 1 to 20."), encode_prompt(pair.tokenizer, "Hi!")]
+        for temperature in (0.0, 1.0):
+            solo = run(pair, requests, temperature, args.tokens, 1)
+            for name, together, before in (("together", len(requests), ()), ("after traffic", len(requests),
+                                                                               traffic)):
+                report["results"].append({"temperature": temperature, **compare(
+                    f"T = {temperature}, {name}", solo, run(pair, requests, temperature, args.tokens, together,
+                                                            before), labels)})
+    else:
+        half = args.prompts // 2
+        texts = ([e.prompt for e in get_task("humaneval").examples("test", limit=args.prompts - half)]
+                 + [e.prompt for e in get_task("gsm8k").examples("test", limit=half)])
+        ids = [encode_prompt(pair.tokenizer, t) for t in texts]
+        labels = [f"prompt {i + 1}" for i in range(len(ids))]
+        for rule in ("auto", "exact"):
+            requests = [(i, Method.parse(rule)) for i in ids]
+            solo = run(pair, requests, 0.0, args.tokens, 1)
+            report["results"].append({"rule": rule, **compare(f"{rule}, batches of {args.batch}", solo, run(
+                pair, requests, 0.0, args.tokens, args.batch), labels)})
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
