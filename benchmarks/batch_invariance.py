@@ -24,11 +24,9 @@ from machine import describe
 
 from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job
-from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.models.loading import Pair, load_pair
+from diversed.request import DraftLength, Method, Sampling
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 

@@ -28,10 +28,9 @@ from drafters_speed import token_ids, verify_costs
 from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
 from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DEFAULT_DRAFTING, SpeedModel
+from diversed.decoding.schedule import SpeedModel
 from diversed.models.loading import load_pair
+from diversed.request import DEFAULT_DRAFTING, Method, Sampling
 from diversed.tasks import get_task
 
 # (kept, rejected) pseudo-counts per kind of proposal; (1, 1) was the default before this replay.

@@ -42,12 +42,10 @@ from serve_speed import free_port, start
 from diversed.backends.llama_cpp import default_threads
 from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DEFAULT_DRAFTING
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
+from diversed.request import DEFAULT_DRAFTING, Method, Sampling
 from diversed.tasks import get_task
 from diversed.text import encode_messages, encode_prompt
 

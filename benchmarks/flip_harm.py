@@ -28,11 +28,10 @@ from scipy.stats import mannwhitneyu
 from tqdm import tqdm
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
 from diversed.evaluation.head_weights import score_completions, token_kind
 from diversed.generation import load_head
 from diversed.models.loading import load_pair
+from diversed.request import Method, Sampling
 from diversed.tasks import get_task
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 

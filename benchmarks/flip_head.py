@@ -34,10 +34,11 @@ import torch
 from flip_harm import TEMPERATURE, auc, read_records, report
 from safetensors.torch import load_file, save_file
 
-from diversed.decoding.sampling import Sampling
 from diversed.evaluation.head_weights import KINDS, score_completions
-from diversed.head.model import ARCHITECTURES, EnsembleHead, HeadConfig
+from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.names import ARCHITECTURES
 from diversed.models.loading import load_pair
+from diversed.request import Sampling
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 

@@ -15,10 +15,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from diversed.backends.hf import TransformersModel
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.request import DraftLength, Method, Sampling
 
 DEVICE = "cuda"
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [40]]

@@ -40,13 +40,11 @@ from machine import describe
 
 from diversed.backends.llama_cpp import LlamaCppModel, default_threads
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.generation import load_head
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
+from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, Sampling
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 

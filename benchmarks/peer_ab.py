@@ -19,10 +19,9 @@ import torch
 
 from diversed.backends.hf import TransformersRows
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
 from diversed.evaluation.peer import assisted_generate
 from diversed.models.loading import Pair, load_pair
+from diversed.request import Method, Sampling
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
 

@@ -34,15 +34,14 @@ from machine import describe
 
 from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
 from diversed.decoding.metrics import summarize
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_methods
 from diversed.generation import load_head
 from diversed.models.default_pair import prepare_default_pair
-from diversed.models.loading import DTYPES, Pair, load_model, load_pair
+from diversed.models.loading import Pair, load_model, load_pair
+from diversed.models.options import DTYPE_NAMES
+from diversed.request import DraftLength, Method, Sampling
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
 from diversed.theory import expected_tokens_per_round
@@ -249,7 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draft")
     parser.add_argument("--target")
-    parser.add_argument("--dtype", default="float16", choices=tuple(DTYPES))
+    parser.add_argument("--dtype", default="float16", choices=DTYPE_NAMES)
     parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
                         help="the draft in dynamic int8, as `diversed generate` runs it (default: on)")
     parser.add_argument("--prompts", type=int, default=10, help="held-out HumanEval prompts")

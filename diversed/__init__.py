@@ -1,13 +1,20 @@
 """diversed: relaxed speculative decoding with learned dynamic ensemble verification (arXiv 2604.07622).
 
 generate() is text in, text out; decode() the same on token ids; Batch, Job and Policy the continuous batch
-underneath (what `diversed serve` runs, diversed.server); verify() the rules as tensor functions."""
+underneath (what `diversed serve` runs, diversed.server); verify() the rules as tensor functions. They load
+on first use, so that `import diversed` (and the command line) costs nothing until then."""
 
-from diversed.decoding.engine import Batch, Job, decode
-from diversed.decoding.method import Method
-from diversed.decoding.policy import Policy
-from diversed.generation import Completion, generate
-from diversed.models.loading import Pair, load_pair
-from diversed.verify import verify
+from importlib import import_module
 
-__all__ = ["Batch", "Completion", "Job", "Method", "Pair", "Policy", "decode", "generate", "load_pair", "verify"]
+_HOMES = {"Batch": "diversed.decoding.engine", "Job": "diversed.decoding.engine", "decode": "diversed.decoding.engine",
+          "Method": "diversed.request", "Policy": "diversed.decoding.policy", "Completion": "diversed.generation",
+          "generate": "diversed.generation", "Pair": "diversed.models.loading", "load_pair": "diversed.models.loading",
+          "verify": "diversed.verify"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'diversed' has no attribute {name!r}")
+    return getattr(import_module(_HOMES[name]), name)

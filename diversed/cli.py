@@ -9,14 +9,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from diversed.backends import BACKENDS
-from diversed.decoding.drafters import DRAFTERS, SuffixCache
-from diversed.decoding.profile import profile_table
-from diversed.decoding.schedule import DEFAULT_DRAFTING, SCHEDULES, DraftLength
-from diversed.head.model import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
-from diversed.head.train import TrainConfig
-from diversed.models.loading import DTYPES, QUANTIZATIONS
-from diversed.verify import RULES
+# Only modules that import no torch: `diversed --help` and a refused argument answer at once; each command
+# imports what it runs.
+from diversed.head.config import TrainConfig
+from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
+from diversed.models.options import BACKENDS, DTYPE_NAMES, QUANTIZATIONS
+from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength
 
 TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, humaneval, humaneval-plus "
              "(offline), cnn_dailymail, xsum (online) or jsonl:PATH")
@@ -32,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--file", type=Path, help="read prompts from a file: one per line, or JSONL with 'prompt'")
     gen.add_argument("--method", default="exact",
                      help="auto (the target alone), diversed[:HEAD[@SHIFT]] (a trained head) or a rule, with its "
-                          "parameter as NAME:VALUE, e.g. static:0.7: "
-                          + "; ".join(f"{name} ({rule.summary})" for name, rule in RULES.items() if name != "dynamic"))
+                          "parameter as NAME:VALUE, e.g. static:0.7, and its others as ,NAME=VALUE: "
+                          + "; ".join(f"{name} ({spec.summary})" for name, spec in RULE_SPECS.items()
+                                      if name != "dynamic"))
     gen.add_argument("--head", help="a trained head for --method diversed: its folder, or the name of a head "
                                     f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
                                     f"{DEFAULT_HEAD}); --method diversed:HEAD@+1 shifts its logit by +1 (stricter)")
@@ -187,7 +186,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="llama.cpp: the built-in draft requantized to fewer bits (a cheaper step; made once)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
     parser.add_argument("--target", help="target model: hub id, folder or .gguf (default: built-in pair)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float16",
                         help="transformers backend: float16 (default; on a CPU float16 weights with float32 "
                              "arithmetic), float32, bfloat16")
     parser.add_argument("--device", default="cpu")
@@ -198,10 +197,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from diversed.decoding.method import Method
-    from diversed.generation import check_request, generate
+    from diversed.request import Method, check_request
 
     method = Method.parse(args.method)
     if args.head is not None:  # a folder as it is: never read for a shift, whatever '@' it holds
@@ -226,6 +222,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--system is empty")
     if args.stream and (args.json or args.batch_size > 1):
         raise ValueError("--stream prints one prompt's text at a time: not with --json or --batch-size > 1")
+    from tqdm import tqdm
+
+    from diversed.decoding.drafters import SuffixCache
+    from diversed.generation import generate
+
     pair = _load(args)
     options = dict(method=method, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
@@ -257,6 +258,8 @@ def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> No
           f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}; kept/drafted: {drafted}; "
           f"{m['rule_tokens']} tokens by the rule, {m['target_tokens']} by the target alone", flush=True)
     if args.profile:
+        from diversed.decoding.profile import profile_table
+
         print(profile_table(m["profile"]), flush=True)
 
 
@@ -428,7 +431,7 @@ def _jsonl_prompt(line: str, path: Path, number: int) -> str:
 
 def _check_load_options(args: argparse.Namespace) -> str:
     """load_pair's checks, before anything loads; the backend the pair will run on."""
-    from diversed.models.loading import check_load_options
+    from diversed.models.options import check_load_options
 
     return check_load_options(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
                               draft_vocab=args.draft_vocab, threads=args.threads, draft_quant=args.draft_quant)

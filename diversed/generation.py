@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.drafters import DRAFTERS, SuffixCache
+from diversed.decoding.drafters import SuffixCache
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
 from diversed.decoding.policy import WeightFn
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
-from diversed.head.model import EnsembleHead, head_folder
+from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
-from diversed.text import StreamedText, check_encodable, cut_at_stop, encode_prompt, stop_checker
+from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, check_request
+from diversed.text import StreamedText, cut_at_stop, encode_prompt, stop_checker
 
 
 @dataclass
@@ -116,64 +113,6 @@ def generate(
     return completions
 
 
-@dataclass(frozen=True)
-class Request:
-    """What generate() was asked, checked, in canonical form (see check_request): the arguments that have
-    another form than the one given (integer arguments stay as they were)."""
-
-    prompts: list[str | list[dict]]
-    method: Method
-    sampling: Sampling
-    draft_length: DraftLength | None
-    stop: tuple[str, ...]
-
-
-def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
-                  temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
-                  max_new_tokens: int | None = None, stop: str | Sequence[str] = (), batch_size: int = 1,
-                  seed: int = 0
-                  ) -> Request:
-    """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
-    model loads): a ValueError names the argument, the value and what is accepted."""
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"prompts must be a non-empty list of strings, got {_show(prompts)}")
-    for number, prompt in enumerate(prompts, 1):
-        if isinstance(prompt, list):
-            _check_conversation(f"prompt {number}", prompt)
-        else:
-            _check_text(f"prompt {number}", prompt)
-    if not isinstance(method, Method):
-        if not isinstance(method, str):
-            raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
-        method = Method.parse(method)
-    if method.name == "diversed":
-        head_folder(method.head)
-    if drafter not in DRAFTERS:
-        raise ValueError(f"drafter must be one of {DRAFTERS}, got {_show(drafter)}")
-    if method.name == "diversed" and drafter in ("lookup", "suffix"):
-        raise ValueError(f"method {method.label!r} reads the draft model's hidden states, which drafter {drafter!r} "
-                         "does not have: use drafter 'model' or 'auto'")
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {_show(value)}")
-    for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
-                             ("batch_size", batch_size, 1), ("seed", seed, 0)):
-        if name == "max_new_tokens" and value is None:  # until the end of the answer
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
-            raise ValueError(f"{name} must be an integer >= {low}, got {_show(value)}")
-    if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
-        raise ValueError(f"draft_length must be a number of drafts, a DraftLength or None, got {_show(draft_length)}")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    for number, text in enumerate(stop, 1):
-        _check_text(f"stop string {number}", text)
-    return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
-                   DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
-                   stop)
-
-
 def _room(pair: Pair, prompts: list[list[int]], draft_length: DraftLength) -> int:
     """The most new tokens every prompt of a batch may have: what both models' context leaves after the
     longest prompt and a round of drafts (Batch.check refuses a prompt that leaves none)."""
@@ -181,32 +120,6 @@ def _room(pair: Pair, prompts: list[list[int]], draft_length: DraftLength) -> in
     if not contexts:
         return 2**31
     return max(1, min(contexts) - max(map(len, prompts)) - draft_length.longest - 1)
-
-
-def _check_text(name: str, text) -> None:
-    """A text input must be a non-empty string that UTF-8 can encode (a lone surrogate cannot)."""
-    if not isinstance(text, str):
-        raise ValueError(f"{name} must be a string, got {_show(text)}")
-    if not text.strip():
-        raise ValueError(f"{name} is empty")
-    check_encodable(name, text)
-
-
-def _check_conversation(name: str, messages: list) -> None:
-    """A conversation is a non-empty list of {"role": system|user|assistant, "content": text} objects."""
-    if not messages:
-        raise ValueError(f"{name} is an empty conversation")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or set(message) != {"role", "content"} or \
-                message["role"] not in ("system", "user", "assistant"):
-            raise ValueError(f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
-                             f"'content': text}}, got {_show(message)}")
-        _check_text(f"{name}, message {i + 1}", message["content"])
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def load_head(pair: Pair, head: str | None = None) -> EnsembleHead:

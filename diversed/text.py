@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from diversed.decoding.engine import StopFn
+if TYPE_CHECKING:
+    from diversed.decoding.engine import StopFn
 
 
 def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:

@@ -19,35 +19,20 @@ departs from the shared shape. Adding a rule of that shape is one entry there.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
-TYPICAL_EPSILON = 0.09
-TYPICAL_DELTA = 0.3
-# vLLM's default entropy gate for FLy (fly_entropy_threshold, nats), and JuDi's confidence above which it matches
-# strictly (confidence_threshold in the authors' code).
-FLY_ENTROPY_THRESHOLD = 0.3
-JUDI_MAX_CONFIDENCE = 0.9
-
-# A parameter's range: a test, and what it says when a value fails it.
-Range = tuple[Callable[[object], bool], str]
-_UNIT: Range = (lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
-_POSITIVE: Range = (lambda v: 0.0 < v < float("inf"), "positive and finite")
-_NON_NEGATIVE: Range = (lambda v: 0.0 <= v < float("inf"), "non-negative and finite")
+from diversed.request import RULE_SPECS, RuleSpec, check_rule_parameters
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A verification rule.
+    """A verification rule's math; its name, parameters and their ranges are its RuleSpec
+    (diversed.request.RULE_SPECS).
 
-    parameters: the keyword arguments of verify() it takes (the first is the one "name:value" sets);
-    defaults: the values of those that may be left out (typical's are Medusa's, lossy-entropy's FLy's, judi's
-    JuDi's).
-    ranges: where a parameter's range is not PARAMETER_RANGES' (a letter two papers use for different things).
     target(p, q, **parameters): pi, what its ratio test verifies against and what its output follows; None
     for a rule with a test of its own (typical).
     raise_draft(pi_x, **parameters): for a target that depends on the drafted token x (cactus): the mass x gets
@@ -58,20 +43,23 @@ class Rule:
     distribution as norm(max(0, nu - q)) for every w > 0 (nu - q = w (p - q)), without the cancellation.
     """
 
-    name: str
-    summary: str
-    parameters: tuple[str, ...] = ()
-    defaults: Mapping[str, float] = field(default_factory=dict)
-    ranges: Mapping[str, Range] = field(default_factory=dict)
+    spec: RuleSpec
     target: Callable[..., Tensor] | None = None
     raise_draft: Callable[..., Tensor] | None = None
     relax: Callable[..., float | Tensor] | None = None
     correct_from_p: bool = False
 
     @property
-    def optional(self) -> bool:
-        """Whether the name alone is a complete method: its first parameter has a default ("typical")."""
-        return bool(self.parameters) and self.parameters[0] in self.defaults
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return self.spec.parameters
+
+    @property
+    def defaults(self) -> Mapping[str, float]:
+        return self.spec.defaults
 
 
 def _p(p: Tensor, q: Tensor, **_: float) -> Tensor:
@@ -120,44 +108,27 @@ def _judi(p: Tensor, q: Tensor, epsilon: float, max_confidence: float) -> Tensor
     return torch.where(trusted.unsqueeze(-1), q, p)
 
 
-RULES: dict[str, Rule] = {rule.name: rule for rule in (
-    Rule("exact", "p: lossless (Leviathan et al., Chen et al.)", target=_p),
-    Rule("lossy", "accept with min(1, p/((1-l) q)), correct from norm(max(0, p - q))", ("lenience",),
-         target=_p, relax=lambda p, lenience: 1.0 - lenience),
-    Rule("lossy-entropy", "lossy's test where the target is uncertain, H(p) >= h nats (FLy's gate), exact elsewhere",
-         ("lenience", "entropy_threshold"), defaults={"entropy_threshold": FLY_ENTROPY_THRESHOLD},
-         target=_p, relax=_gated_lenience),
-    Rule("static", "w p + (1-w) q, one w", ("weight",), target=_mixture, correct_from_p=True),
-    Rule("dynamic", "w_i p + (1-w_i) q, a w per sequence and position (the DIVERSED head)", ("weight",),
-         target=_mixture, correct_from_p=True),
-    Rule("cascade-chow", "q if max q >= 1 - a, else p", ("alpha",), target=_chow),
-    Rule("cascade-opt", "q if max q >= max p - a TV(q, p), else p", ("alpha",), target=_opt),
-    Rule("cascade-token", "q on the tokens p rates within (1 - a) of its best, the rest of the mass on p",
-         ("alpha",), target=_token),
-    Rule("cactus", "p with the draft raised to p(x) + sqrt(2 d p(x)(1 - p(x))), the rest scaled down: a KL budget d "
-         "(Hao & Mou)", ("delta",), ranges={"delta": _NON_NEGATIVE}, target=_p, raise_draft=_cactus_mass),
-    Rule("judi", "q where KL(p || q) < eps and max p <= c, else p (JuDi, Sun et al.)", ("epsilon", "max_confidence"),
-         defaults={"max_confidence": JUDI_MAX_CONFIDENCE}, ranges={"epsilon": _NON_NEGATIVE}, target=_judi),
-    Rule("typical", "deterministic: accept iff p(x) > min(eps, delta exp(-H(p))) (Medusa)", ("epsilon", "delta"),
-         defaults={"epsilon": TYPICAL_EPSILON, "delta": TYPICAL_DELTA}),
-)}
+# Each rule's math, by the name its RuleSpec has (a spec without math fails here, at import).
+_MATH: dict[str, dict] = {
+    "exact": {"target": _p},
+    "lossy": {"target": _p, "relax": lambda p, lenience: 1.0 - lenience},
+    "lossy-entropy": {"target": _p, "relax": _gated_lenience},
+    "static": {"target": _mixture, "correct_from_p": True},
+    "dynamic": {"target": _mixture, "correct_from_p": True},
+    "cascade-chow": {"target": _chow},
+    "cascade-opt": {"target": _opt},
+    "cascade-token": {"target": _token},
+    "cactus": {"target": _p, "raise_draft": _cactus_mass},
+    "judi": {"target": _judi},
+    "typical": {},
+}
+RULES: dict[str, Rule] = {name: Rule(spec, **_MATH[name]) for name, spec in RULE_SPECS.items()}
 
 
 def _unit_interval(value) -> bool:
     value = torch.as_tensor(value, dtype=torch.float32)
     return bool(torch.isfinite(value).all() and (value >= 0).all() and (value <= 1).all())
 
-
-# The range of each parameter, by name; a rule's own `ranges` take precedence.
-PARAMETER_RANGES: dict[str, Range] = {
-    "weight": (_unit_interval, "in [0, 1]"),
-    "lenience": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "alpha": _UNIT,
-    "epsilon": _POSITIVE,
-    "delta": _POSITIVE,
-    "entropy_threshold": _NON_NEGATIVE,
-    "max_confidence": _UNIT,
-}
 
 _BLOCK = 512  # tokens per block of draw(); any size is exact, this one measured fastest for 152k tokens
 _PROB_TOLERANCE = 1e-3  # float32 softmaxes over 150k tokens sum to 1 within ~1e-5; bf16 inputs are upcast
@@ -201,8 +172,9 @@ def verify(
         weight: w, the weight on the target: a float in [0, 1] for "static", a [B, N] tensor for "dynamic".
         lenience: l in [0, 1) for "lossy" and "lossy-entropy".
         alpha: the deferral parameter in [0, 1] of the cascade rules.
-        epsilon, delta: thresholds of "typical" (defaults TYPICAL_EPSILON, TYPICAL_DELTA); epsilon is also
-            "judi"'s KL(p || q) threshold and delta "cactus"'s KL budget, in nats, both >= 0 (0 is exact).
+        epsilon, delta: thresholds of "typical" (defaults diversed.request.TYPICAL_EPSILON and TYPICAL_DELTA);
+            epsilon is also "judi"'s KL(p || q) threshold and delta "cactus"'s KL budget, in nats, both >= 0
+            (0 is exact).
         entropy_threshold: the entropy of p, in nats, from which "lossy-entropy" is lenient (default
             FLY_ENTROPY_THRESHOLD).
         max_confidence: "judi" trusts the draft only where max p is at most this (default JUDI_MAX_CONFIDENCE).
@@ -381,25 +353,16 @@ def check_parameters(rule: str, *, weight: float | Tensor | None = None, lenienc
                      alpha: float | None = None, epsilon: float | None = None, delta: float | None = None,
                      entropy_threshold: float | None = None, max_confidence: float | None = None,
                      shape: tuple[int, int] | None = None) -> None:
-    """Raise ValueError unless the rule gets exactly its parameters, in range. `shape` (B, N) is the shape
-    a "dynamic" weight tensor must have (unchecked when None)."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {tuple(RULES)}, got {rule!r}")
-    spec = RULES[rule]
-    given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta,
-             "entropy_threshold": entropy_threshold, "max_confidence": max_confidence}
-    for name, value in given.items():
-        if value is None:
-            if name in spec.parameters and name not in spec.defaults:
-                raise ValueError(f"rule {rule!r} needs {name}")
-            continue
-        if name not in spec.parameters:
-            raise ValueError(f"{name} does not apply to rule {rule!r}")
-        if name == "weight":
-            _check_weight(rule, value, shape)
-        test, accepted = spec.ranges.get(name, PARAMETER_RANGES[name])
-        if not test(value):
-            raise ValueError(f"{name} must be {accepted}, got {_describe(value)}")
+    """Raise ValueError unless the rule gets exactly its parameters, in range (diversed.request's check, and
+    here a weight tensor's). `shape` (B, N) is the shape a "dynamic" weight tensor must have (unchecked when
+    None)."""
+    check_rule_parameters(rule, {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon,
+                                 "delta": delta, "entropy_threshold": entropy_threshold,
+                                 "max_confidence": max_confidence})
+    if weight is not None:
+        _check_weight(rule, weight, shape)
+        if isinstance(weight, Tensor) and not _unit_interval(weight):
+            raise ValueError(f"weight must be in [0, 1], got {_describe(weight)}")
 
 
 def _check_weight(rule: str, weight: float | Tensor, shape: tuple[int, int] | None) -> None:

@@ -12,12 +12,11 @@ from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.cli import main
 from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
-from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
 from diversed.decoding.profile import PHASES
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
-from diversed.models.loading import QUANTIZATIONS, load_pair
+from diversed.models.loading import load_pair
+from diversed.models.options import QUANTIZATIONS
+from diversed.request import DraftLength, Method, Sampling
 
 from tiny import perturbed, tiny_gguf, tiny_model
 

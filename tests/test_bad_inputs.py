@@ -13,14 +13,11 @@ import pytest
 import torch
 
 from diversed.cli import main
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.run import EvalConfig, parse_methods
-from diversed.generation import check_request
+from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
-from diversed.head.train import TrainConfig
-from diversed.models.loading import check_load_options
+from diversed.models.options import check_load_options
+from diversed.request import DraftLength, Method, Sampling, check_request
 from diversed.tasks import get_task
 
 from tiny import save_tiny_pair, tiny_gguf, tiny_model, word_tokenizer

@@ -9,11 +9,9 @@ import torch
 from diversed.backends import as_model
 from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
-from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.models.quantize import quantize_linears
+from diversed.request import DraftLength, Method, Sampling
 
 from tiny import perturbed, tiny_model
 

@@ -15,10 +15,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from diversed.decoding.method import METHODS, Method
+from diversed.request import FLY_ENTROPY_THRESHOLD, JUDI_MAX_CONFIDENCE, METHODS, RULE_SPECS, Method
 from diversed.verify import (
-    FLY_ENTROPY_THRESHOLD,
-    JUDI_MAX_CONFIDENCE,
     RULES,
     acceptance_probability,
     total_variation,
@@ -409,7 +407,7 @@ def test_defaults_are_the_papers_and_may_be_given():
     for rule, first, second, default in (("lossy-entropy", {"lenience": 0.5}, "entropy_threshold",
                                           FLY_ENTROPY_THRESHOLD), ("judi", {"epsilon": 0.3}, "max_confidence",
                                                                    JUDI_MAX_CONFIDENCE)):
-        assert RULES[rule].defaults == {second: default} and not RULES[rule].optional
+        assert RULE_SPECS[rule].defaults == {second: default} and not RULE_SPECS[rule].optional
         implicit = _same_seed(rule, drafts, q, p, **first)
         explicit = _same_seed(rule, drafts, q, p, **first, **{second: default})
         assert torch.equal(implicit.num_accepted, explicit.num_accepted)
@@ -428,6 +426,27 @@ def test_method_syntax_sets_the_first_parameter(text, params):
 @pytest.mark.parametrize(("text", "match"), [("cactus:-1", "delta"), ("judi:nan", "epsilon"),
                                              ("lossy-entropy:1", "lenience"), ("cactus", "needs delta")])
 def test_method_syntax_refuses_bad_values(text, match):
+    with pytest.raises(ValueError, match=match):
+        Method.parse(text)
+
+
+@pytest.mark.parametrize(("text", "params"), [
+    ("lossy-entropy:0.5,entropy_threshold=1.2", {"lenience": 0.5, "entropy_threshold": 1.2}),
+    ("judi:0.1,max_confidence=0.8", {"epsilon": 0.1, "max_confidence": 0.8}),
+    ("typical:0.05,delta=0.5", {"epsilon": 0.05, "delta": 0.5})])
+def test_every_parameter_of_a_rule_can_be_set_by_name(text, params):
+    method = Method.parse(text)
+    assert method.verify_params() == params and method.label == text and Method.parse(method.label) == method
+    drafts, q, p = _small_inputs()
+    verify(method.rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **method.verify_params())
+
+
+@pytest.mark.parametrize(("text", "match"), [("judi:0.1,max_confidence=2", "max_confidence must be in"),
+                                             ("judi:0.1,delta=0.3", "not one of its other parameters"),
+                                             ("lossy:0.1,lenience=0.2", "it has none"),
+                                             ("lossy-entropy:0.5,entropy_threshold", "NAME=VALUE"),
+                                             ("typical:0.05,delta=x", "cannot read method")])
+def test_a_named_parameter_that_does_not_fit_is_refused(text, match):
     with pytest.raises(ValueError, match=match):
         Method.parse(text)
 

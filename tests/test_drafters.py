@@ -7,13 +7,11 @@ import pytest
 import torch
 
 from diversed.backends import as_model
-from diversed.decoding.drafters import DRAFTERS, LookupDrafter, SuffixCache, SuffixDrafter, make_drafter
+from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter, make_drafter
 from diversed.decoding.drafters.base import Acceptance
 from diversed.decoding.engine import Batch, Job, decode
-from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
+from diversed.request import DRAFTERS, DraftLength, Method, Sampling
 from diversed.verify import acceptance_probability
 
 from tiny import perturbed, tiny_model

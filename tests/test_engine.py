@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
 from diversed.decoding.profile import PHASES
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
+from diversed.request import DraftLength, Method, Sampling
 from diversed.verify import verify
 
 from tiny import perturbed, tiny_model

@@ -327,8 +327,8 @@ def test_duplicate_example_ids_are_refused(pair, tmp_path):
 
 
 def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
-    from diversed.decoding.sampling import Sampling
     from diversed.evaluation.peer import assisted_generate
+    from diversed.request import Sampling
 
     prompt = pair.tokenizer.encode("t3 t9 t15")
     free, _ = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12)
@@ -343,8 +343,8 @@ def test_the_peer_writes_the_targets_greedy_text_and_its_ensemble_weight_acts(pa
     with w near 0 keeps the drafts the target refuses, and its text is the draft's favoured words."""
     import torch
 
-    from diversed.decoding.sampling import Sampling
     from diversed.evaluation.peer import assisted_generate
+    from diversed.request import Sampling
 
     prompt = pair.tokenizer.encode("t3 t9 t15")
     ids = torch.tensor([prompt])

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from diversed.head.model import DEFAULT_HEAD, PRETRAINED, PRETRAINED_HEADS, EnsembleHead, HeadConfig, head_folder
+from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.names import DEFAULT_HEAD, PRETRAINED, PRETRAINED_HEADS, head_folder
 from diversed.models.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET
 
 

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-from diversed.decoding.sampling import Sampling
 from diversed.evaluation.head_weights import (
     KINDS,
     score_completions,
@@ -16,6 +15,7 @@ from diversed.evaluation.head_weights import (
     write_weights_report,
 )
 from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.request import Sampling
 from diversed.text import encode_prompt
 
 from tiny import toy_pair

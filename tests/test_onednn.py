@@ -3,9 +3,8 @@
 import torch
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
 from diversed.models.onednn import OneDNNLinear, use_onednn_linears
+from diversed.request import Method, Sampling
 
 from tiny import perturbed, tiny_model
 

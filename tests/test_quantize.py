@@ -5,9 +5,8 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
 from diversed.models.quantize import Int8Linear, quantize_linears
+from diversed.request import Method, Sampling
 
 from tiny import perturbed, tiny_model
 

@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from diversed.decoding.sampling import Sampling
+from diversed.decoding.sampling import probabilities, sample_tokens
+from diversed.request import Sampling
 from diversed.verify import _BLOCK, draw
 
 from test_verify import DRAWS, assert_distribution, random_dist
@@ -51,5 +52,5 @@ def test_temperature_top_k_and_top_p_against_hand_computed_distributions():
         Sampling(0.0): [softmax_over(r, [0, 1, 2, 3], 1.0) for r in rows],  # greedy: untempered, argmax drawn
     }
     for sampling, expected in cases.items():
-        torch.testing.assert_close(sampling.probs(logits), torch.stack(expected), msg=str(sampling))
-    assert Sampling(0.0).sample(Sampling(0.0).probs(logits), None).tolist() == [0, 1]
+        torch.testing.assert_close(probabilities(sampling, logits), torch.stack(expected), msg=str(sampling))
+    assert sample_tokens(Sampling(0.0), probabilities(Sampling(0.0), logits), None).tolist() == [0, 1]

@@ -3,7 +3,8 @@
 import pytest
 
 from diversed.decoding.profile import PHASES, profile_table
-from diversed.decoding.schedule import DraftLength, SpeedModel
+from diversed.decoding.schedule import SpeedModel
+from diversed.request import DraftLength
 from diversed.theory import expected_tokens_per_round
 
 

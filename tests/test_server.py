@@ -22,10 +22,10 @@ import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from diversed.decoding.schedule import DraftLength
 from diversed.generation import generate
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
+from diversed.request import DraftLength
 from diversed.server import ServerConfig, create_app
 from diversed.verify import verification_target
 

@@ -9,12 +9,13 @@ import torch
 from safetensors import safe_open
 
 import diversed.head.train as train
-from diversed.decoding.sampling import Sampling
 from diversed.evaluation.head_weights import score_completions
+from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.ppo import ppo_terms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows
-from diversed.head.train import LOG_FILE, TrainConfig, train_head
+from diversed.head.train import LOG_FILE, train_head
+from diversed.request import Sampling
 from diversed.text import encode_prompt
 
 from tiny import ToyTask, share_of_draft_tokens, toy_pair

@@ -18,10 +18,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from diversed.request import TYPICAL_DELTA, TYPICAL_EPSILON
 from diversed.verify import (
     RULES,
-    TYPICAL_DELTA,
-    TYPICAL_EPSILON,
     Verification,
     acceptance_probability,
     total_variation,

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from diversed.decoding.method import Method
 from diversed.integrations.vllm import KEY, check_request, parse_verification, request_method
 from diversed.models.default_pair import cache_dir
+from diversed.request import Method
 
 PROMPTS = ["def reverse(s):", "Write a Python function that checks whether a number is prime."]
 TOKENS = 48

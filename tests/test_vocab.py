@@ -4,11 +4,9 @@ import pytest
 import torch
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.models.onednn import use_onednn_linears
 from diversed.models.vocab import frequent_token_ids, restrict_draft_vocab
+from diversed.request import DraftLength, Method, Sampling
 
 from tiny import WORDS, perturbed, tiny_model, word_tokenizer
 

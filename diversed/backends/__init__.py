@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from diversed.backends.base import Model, Rows
 
-BACKENDS = ("llama.cpp", "transformers")
-
 
 def as_model(model, name: str = "") -> Model:
     """A backend Model as it is, or a transformers PreTrainedModel wrapped in the transformers backend."""
@@ -16,4 +14,4 @@ def as_model(model, name: str = "") -> Model:
     return TransformersModel(model, name)
 
 
-__all__ = ["BACKENDS", "Model", "Rows", "as_model"]
+__all__ = ["Model", "Rows", "as_model"]

@@ -24,12 +24,11 @@ from torch import Tensor
 
 from diversed.backends import Model, Rows, as_model
 from diversed.decoding.drafters import Drafter, Proposal, SuffixCache, make_drafter
-from diversed.decoding.method import Method
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength, SpeedModel
+from diversed.decoding.schedule import SpeedModel
+from diversed.request import DraftLength, Method, Sampling
 from diversed.verify import Verification, total_variation
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop

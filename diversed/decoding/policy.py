@@ -21,9 +21,9 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from diversed.decoding.method import Method
 from diversed.decoding.profile import PhaseClock
-from diversed.decoding.sampling import Sampling
+from diversed.decoding.sampling import probabilities, sample_tokens
+from diversed.request import Method, Sampling
 from diversed.verify import Verification, verify
 
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
@@ -88,15 +88,16 @@ class Groups:
 
     def probs(self, logits: Tensor) -> Tensor:
         """Each row's logits [B, ..., V] to its policy's sampling distributions."""
-        return self._per_group(lambda policy, rows: policy.sampling.probs(logits[rows]),
+        return self._per_group(lambda policy, rows: probabilities(policy.sampling, logits[rows]),
                                lambda: torch.zeros(logits.shape, device=logits.device))
 
     def sample(self, probs: Tensor, drafting: bool = False) -> Tensor:
         """One token per row of probs [B, V] -> [B], each from its own policy's stream of the round: the
         drafting one for drafts, else the target's."""
-        return self._per_group(lambda policy, rows: policy.sampling.sample(
-            probs[rows], self.streams[id(policy)][0 if drafting else 1]), lambda: probs.new_zeros(
-            self.size, dtype=torch.long))
+        stream = 0 if drafting else 1
+        return self._per_group(
+            lambda policy, rows: sample_tokens(policy.sampling, probs[rows], self.streams[id(policy)][stream]),
+            lambda: probs.new_zeros(self.size, dtype=torch.long))
 
     def verify(self, drafts: Tensor, q: Tensor, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
                h_target: Tensor | None, clock: PhaseClock) -> Verification:
@@ -118,7 +119,7 @@ class Groups:
                 for length in own.unique().tolist():
                     at = (own == length).nonzero().squeeze(-1)
                     if length == 0:  # the target alone: p's token after no drafts, whatever the rule
-                        out.next_token[at] = policy.sampling.sample(p[rows][at, 0], generator)
+                        out.next_token[at] = sample_tokens(policy.sampling, p[rows][at, 0], generator)
                         continue
                     part = verify(policy.method.rule or "exact", drafts[rows][at, :length], q[rows][at, :length],
                                   p[rows][at, :length + 1], greedy=policy.sampling.greedy, generator=generator,

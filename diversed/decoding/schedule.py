@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 
 from diversed.models.default_pair import cache_dir
@@ -14,62 +13,7 @@ from diversed.theory import expected_tokens_per_round
 COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per machine, models and batch size
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
-SCHEDULES = ("constant", "heuristic", "auto")
 STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
-
-
-@dataclass(frozen=True)
-class DraftLength:
-    """The draft length N and how it changes between rounds.
-
-    constant: N every round. heuristic (transformers' schedule): +2 after a round in which the drafts were
-    all kept, -1 (not below 1) otherwise; in a batch, a round counts as fully kept when at least half of the
-    sequences kept all their drafts, since the batch shares one N. auto: each round, the N in
-    [1, maximum] that the speed model predicts to give the most tokens per second, from this run's measured
-    draft step and verify pass times and its running acceptance (see SpeedModel); N is the first round's.
-    The auto schedule may also choose N = 0, a step of the target alone, whose token follows the target's
-    p whatever the rule (as a bonus token does).
-    confidence: a sequence stops drafting in a round once its drafted token had draft probability below
-    this (the token itself is still proposed); 0 disables it.
-    """
-
-    initial: int = 5
-    schedule: str = "constant"
-    maximum: int = 16
-    confidence: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.initial < 1 or (self.schedule != "constant" and self.initial > self.maximum):
-            raise ValueError(f"draft length must be in [1, {self.maximum}], got {self.initial}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"draft-length schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not 0.0 <= self.confidence < 1.0:
-            raise ValueError(f"draft confidence threshold must be in [0, 1), got {self.confidence}")
-
-    def __str__(self) -> str:
-        """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
-        length = str(self.initial) if self.schedule == "constant" else f"{self.schedule} from {self.initial}"
-        return length + (f", cut-off {self.confidence}" if self.confidence else "")
-
-    @property
-    def longest(self) -> int:
-        """The longest round this schedule can draft."""
-        return self.initial if self.schedule == "constant" else self.maximum
-
-    def next(self, n: int, fully_kept_fraction: float) -> int:
-        """The heuristic and constant schedules' draft length of the next round, after a round of length n."""
-        if self.schedule == "constant":
-            return n
-        return min(n + 2, self.maximum) if fully_kept_fraction >= 0.5 else max(n - 1, 1)
-
-
-# What generate() and `diversed generate` draft by default, per backend (benchmarks/README.md has the runs
-# that chose them). transformers: 20 tokens a round, a sequence stopping early once its draft is less than
-# 40% sure (transformers' assisted-generation defaults too); the fastest measured on the default pair at
-# T = 0 and T = 1. llama.cpp on a CPU: a verify pass costs nearly a step per token, so the speed model
-# chooses each round, the target alone included.
-DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
-                    "llama.cpp": DraftLength(2, "auto", maximum=8, confidence=0.4)}
 
 
 class SpeedModel:

@@ -26,9 +26,10 @@ from scipy.stats import bootstrap
 from torch import Tensor
 from tqdm import tqdm
 
-from diversed.decoding.sampling import Sampling
+from diversed.decoding.sampling import probabilities
 from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
+from diversed.request import Sampling
 from diversed.text import encode_prompt
 from diversed.verify import total_variation
 
@@ -86,7 +87,7 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
         for start in range(0, len(fed), rows_per_pass):
             chunk = slice(start, start + rows_per_pass)
             (h_draft, q), (h_target, p) = [
-                (hidden.float().to(device), sampling.probs(logits).to(device))
+                (hidden.float().to(device), probabilities(sampling, logits).to(device))
                 for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
                                        for model in (pair.draft, pair.target))]
             targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)

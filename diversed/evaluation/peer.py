@@ -15,8 +15,8 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from diversed.decoding.metrics import SequenceStats
-from diversed.decoding.sampling import Sampling
 from diversed.models.loading import Pair
+from diversed.request import Sampling
 from diversed.text import stop_checker
 
 

@@ -18,16 +18,13 @@ from pathlib import Path
 import torch.distributed as dist
 from tqdm import tqdm
 
-from diversed.decoding.drafters import DRAFTERS
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
 from diversed.folders import changed_settings, check_writable
 from diversed.generation import generate, load_head
-from diversed.head.model import head_folder
+from diversed.head.names import head_folder
 from diversed.models.loading import Pair
+from diversed.request import DRAFTERS, DraftLength, Method, Sampling
 from diversed.text import cut_at_stop, encode_prompt
 
 PEERS = ("hf-exact", "hf-static", "hf-default")

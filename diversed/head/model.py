@@ -18,27 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-ARCHITECTURES = ("linear", "mlp")
-WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
-# Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
-# was trained and what it scored on held-out problems. The default, used when none is named, is the one with
-# held-out evidence above the static ensemble (gsm8k); humaneval is the degenerate accept-everything head.
-PRETRAINED = Path(__file__).parent / "pretrained"
-PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp")
-DEFAULT_HEAD = "gsm8k"
-
-
-def head_folder(head: str | Path | None = None) -> Path:
-    """Where a head is: the name of a shipped head (PRETRAINED_HEADS, which win over a folder of that name:
-    write ./gsm8k for the folder), a folder, or None for the default head. Only looks at the files, so it is
-    cheap enough to run before any model loads; FileNotFoundError if the folder holds no head."""
-    folder = PRETRAINED / str(head or DEFAULT_HEAD) if head is None or str(head) in PRETRAINED_HEADS else Path(head)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"no head checkpoint in {folder}: {name} is missing (a head is a folder with "
-                                    f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a shipped head: "
-                                    f"{', '.join(PRETRAINED_HEADS)})")
-    return folder
+from diversed.head.names import ARCHITECTURES, CONFIG_FILE, WEIGHTS_FILE, head_folder
 
 
 @dataclass

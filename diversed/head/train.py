@@ -24,12 +24,11 @@ stored rollouts, so no rollout is sampled twice and no update applied twice.
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -39,14 +38,14 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from diversed.decoding.engine import decode
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
-from diversed.decoding.schedule import DraftLength
 from diversed.folders import changed_settings, check_writable
-from diversed.head.model import CONFIG_FILE, EnsembleHead, HeadConfig, head_folder
+from diversed.head.config import TrainConfig
+from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.names import CONFIG_FILE, head_folder
 from diversed.head.ppo import ppo_terms, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
+from diversed.request import DraftLength, Method, Sampling
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 
 
@@ -63,78 +62,6 @@ class Task(Protocol):
 
 STATE_FILE, OPTIMIZER_FILE, LOG_FILE = "train_state.json", "optimizer.safetensors", "log.jsonl"
 CHECKPOINT = "checkpoint"  # the folder of the last checkpoint inside a training run's output
-
-
-@dataclass
-class TrainConfig:
-    """The knobs of head training.
-
-    lam: the speed/quality dial, the weight of the acceptance term A'(y) = mean_t (1 - w_t TV_t / mean TV),
-    the expected acceptance along a completion measured in units of the step's mean TV(q, p): 1 at w = 0,
-    about 0 at w = 1, for any pair (unnormalised, lambda's useful range moved with how much the two models
-    disagree). On the default pair (mean TV about 0.03 on code) the REINFORCE runs before this scale put the
-    balance near lambda = 1 here: their unnormalised lambda = 1 (0.03 here) left the reward's gradient 50x
-    larger, 30 (0.9 here) let the acceptance drive w to 0.02, 10 (0.3 here, the default) let both act. The
-    log's pg_grad_norm and acceptance_grad_norm show which term pulls harder.
-    ppo_epochs, minibatches, clip: each step's rollouts are used for ppo_epochs passes of `minibatches`
-    updates each (random minibatches of completions); a token's importance ratio is clipped to [1 - clip,
-    1 + clip] (diversed.head.ppo).
-    """
-
-    lam: float = 0.3
-    temperature: float = 1.0
-    draft_len: int = 5
-    max_new_tokens: int = 128
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    epochs: int = 1
-    prompts_per_step: int = 2
-    samples_per_prompt: int = 4
-    ppo_epochs: int = 4
-    minibatches: int = 1
-    clip: float = 0.2
-    limit: int | None = None  # training examples used (None: the whole train split)
-    checkpoint_every: int = 5
-    architecture: str = "linear"
-    initial_weight: float = 0.5
-    init_head: str | None = None  # warm start: a head or checkpoint folder (same pair, architecture) to begin from
-    # Update only on the prompts whose samples' rewards differ (both terms; a step without any is skipped):
-    # elsewhere the reward term is 0 and the acceptance term alone would pull w down unopposed.
-    informative_only: bool = False
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("lam", "temperature", "lr", "weight_decay", "grad_clip", "clip", "initial_weight"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{'lambda' if name == 'lam' else name} must be a finite number, got "
-                                 f"{getattr(self, name)}")
-        if not self.lam >= 0:
-            raise ValueError(f"lambda must be >= 0, got {self.lam}")
-        if not 0 < self.initial_weight < 1:
-            raise ValueError(f"initial weight must be in (0, 1), got {self.initial_weight}")
-        if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
-            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
-        for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
-                     "minibatches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1 (or None for all examples), got {self.limit}")
-        if not self.lr > 0 or not self.grad_clip > 0 or not self.clip > 0:
-            raise ValueError(f"lr, grad_clip and clip must be > 0, got {self.lr}, {self.grad_clip} and {self.clip}")
-        if self.samples_per_prompt < 2:
-            raise ValueError("samples_per_prompt must be >= 2: the baseline is the other samples' mean reward")
-        if self.minibatches > self.prompts_per_step * self.samples_per_prompt:
-            raise ValueError(f"minibatches ({self.minibatches}) must be at most the completions per step "
-                             f"({self.prompts_per_step * self.samples_per_prompt})")
-        if self.temperature <= 0:
-            raise ValueError("training samples from the ensemble: temperature must be > 0")
-        if self.init_head is not None:
-            architecture = json.loads((head_folder(self.init_head) / CONFIG_FILE).read_text()).get("architecture")
-            if architecture != self.architecture:
-                raise ValueError(f"the head in {self.init_head} is {architecture!r}, this run trains "
-                                 f"{self.architecture!r}: pass --architecture {architecture}")
 
 
 def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path, *, resume: bool = False,

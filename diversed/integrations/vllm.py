@@ -1,7 +1,7 @@
 """Our verification rules inside vLLM (V1; written against vllm 0.32.0), chosen per request: a vLLM plugin.
 
 `pip install diversed[vllm]` registers register() under vLLM's `vllm.general_plugins` entry point, which vLLM
-runs in each of its processes before the engine starts. A request then picks a rule of diversed.verify.RULES:
+runs in each of its processes before the engine starts. A request then picks a rule of diversed.request.RULE_SPECS:
 
     SamplingParams(temperature=0, extra_args={"verification": "static:0.7"})  # Python
     {"model": ..., "messages": ..., "verification": "static:0.7"}            # vllm serve's body
@@ -54,11 +54,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diversed.decoding.method import Method
 from diversed.decoding.policy import shifted  # the head's strictness dial: the engine's own
-from diversed.decoding.sampling import Sampling
-from diversed.head.model import EnsembleHead, head_folder
-from diversed.verify import RULES, verify
+from diversed.decoding.sampling import probabilities
+from diversed.head.model import EnsembleHead
+from diversed.head.names import head_folder
+from diversed.request import RULE_SPECS, Method, Sampling
+from diversed.verify import verify
 
 KEY = "verification"  # the extra_args field a request sets
 DEFAULT_ENV = "DIVERSED_VERIFICATION"  # a server-wide default rule
@@ -67,9 +68,9 @@ PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: an unused slot in a row of outp
 # At T = 0 these decide on argmax p alone, so the draft's distribution is not needed (lossy's lenience only
 # relaxes the sampled test; typical never reads q).
 _GREEDY_IGNORES_Q = ("exact", "lossy", "typical")
-FORMS = ", ".join([*(f"{name}:{rule.parameters[0].upper()}" if rule.parameters and not rule.optional
-                     else f"{name}[:{rule.parameters[0].upper()}]" if rule.parameters else name
-                     for name, rule in RULES.items() if name != "dynamic"),
+FORMS = ", ".join([*(f"{name}:{spec.parameters[0].upper()}" if spec.parameters and not spec.optional
+                     else f"{name}[:{spec.parameters[0].upper()}]" if spec.parameters else name
+                     for name, spec in RULE_SPECS.items() if name != "dynamic"),
                    "diversed[:[HEAD][@SHIFT]]", f"{VLLM_OWN} (vLLM's own)"])
 
 logger = logging.getLogger(__name__)
@@ -290,7 +291,7 @@ def _verify_rows(step: _Step, output: Tensor, draft_token_ids: Tensor, num_draft
         greedy = sampling.greedy
         tokens = torch.tensor([list(range(starts[r], starts[r] + n)) for r in rows], device=step.logits.device)
         drafts = draft_token_ids[tokens].long()
-        p = torch.cat([sampling.probs(step.logits[step.target_index[tokens]]),  # [G, n, V]
+        p = torch.cat([probabilities(sampling, step.logits[step.target_index[tokens]]),  # [G, n, V]
                        F.one_hot(bonus_token_ids[rows, 0].long(), vocab).float().unsqueeze(1)], 1)
         q = _draft_distributions(step, rows, tokens, drafts, greedy, draft_probs, vocab)
         params = method.verify_params()

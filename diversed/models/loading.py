@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from diversed.backends import BACKENDS, Model, as_model
+from diversed.backends import Model, as_model
 from diversed.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -21,12 +20,13 @@ from diversed.models.default_pair import (
 )
 from diversed.models.gguf import convert_gguf
 from diversed.models.onednn import use_onednn_linears
+from diversed.models.options import DTYPE_NAMES, check_load_options
 from diversed.models.quantize import quantize_linears
 from diversed.models.vocab import restrict_draft_vocab
 
 # "float16" on a CPU: float16 weights in the linear layers, float32 arithmetic (diversed.models.quantize;
 # CPUs have no fast float16 arithmetic); elsewhere a float16 model.
-DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass
@@ -54,12 +54,6 @@ class Pair:
         ids = {self.tokenizer.eos_token_id, *self.target.eos_token_ids}
         return sorted(i for i in ids if i is not None)
 
-
-def default_backend(device: str = "cpu", draft: str | None = None, target: str | None = None) -> str:
-    """llama.cpp on a CPU (2-3x faster there than transformers) for the default pair and .gguf files;
-    transformers for hub ids and folders (which llama.cpp cannot load) and on other devices."""
-    ggufs = all(name is None or str(name).endswith(".gguf") for name in (draft, target))
-    return "llama.cpp" if torch.device(device).type == "cpu" and ggufs else "transformers"
 
 
 def load_pair(draft: str | None = None, target: str | None = None, *, backend: str | None = None,
@@ -98,75 +92,6 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     draft_name, target_name = _name(draft), _name(target)
     return Pair(as_model(draft_model, draft_name), as_model(target_model, target_name), target_tokenizer,
                 draft_name, target_name)
-
-
-def check_load_options(draft: str | None, target: str | None, *, backend: str | None = None,
-                       dtype: str = "float16", device: str = "cpu", draft_vocab: int | None = None,
-                       threads: int | None = None, draft_quant: str | None = None) -> str:
-    """Check load_pair's arguments before anything loads; return the backend to use. A ValueError (or
-    FileNotFoundError) names the argument, the value and what is accepted."""
-    if (draft is None) != (target is None):
-        raise ValueError("name both --draft and --target, or neither for the built-in default pair")
-    for role, name in (("draft", draft), ("target", target)):
-        if name is not None:
-            check_model_name(role, name)
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError):
-        raise ValueError(f"--device {device!r} is not a device: use cpu, cuda, cuda:N or mps") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU that torch can use")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device!r}: this machine has no Apple GPU that torch can use")
-    backend = default_backend(device, draft, target) if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
-    for name, value, high in (("draft_vocab", draft_vocab, 2**31), ("threads", threads, 1024)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
-            raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
-    if draft_quant is not None and draft_quant not in QUANTIZATIONS:
-        raise ValueError(f"draft_quant must be one of {QUANTIZATIONS}, got {draft_quant!r}")
-    if backend == "llama.cpp":
-        if kind != "cpu":
-            raise ValueError(f"the llama.cpp backend runs on the CPU here, not on {device!r}; use --backend "
-                             "transformers")
-        if draft_vocab is not None:
-            raise ValueError("--draft-vocab is a transformers-backend option; llama.cpp runs the GGUF as it is")
-        for role, name in (("draft", draft), ("target", target)):
-            if name is not None and not name.endswith(".gguf"):
-                raise ValueError(f"the llama.cpp backend loads .gguf files; --{role} {name!r} is not one (use "
-                                 "--backend transformers for hub ids and folders)")
-        if draft_quant is not None and draft is not None:
-            raise ValueError("--draft-quant applies to the built-in pair; quantize your own draft with llama.cpp's "
-                             "llama-quantize")
-    elif draft_quant is not None:
-        raise ValueError("--draft-quant requantizes the built-in GGUF draft for the llama.cpp backend; on "
-                         "transformers use --draft-int8")
-    if threads is not None and backend != "llama.cpp":
-        raise ValueError("--threads sets llama.cpp's threads; transformers uses torch's (OMP_NUM_THREADS)")
-    return backend
-
-
-# llama.cpp's requantizations of the default draft (diversed.backends.llama_cpp.QUANTIZATIONS has the types).
-QUANTIZATIONS = ("Q3_K_S", "Q2_K")
-# What a Hugging Face hub id looks like: "name" or "owner/name".
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-def check_model_name(role: str, name: str) -> None:
-    """A model is an existing folder or .gguf file, or a hub id; anything else is a path that is missing."""
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"--{role} must name a folder, a .gguf file or a hub id, got {name!r}")
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf" or name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name):
-        if not path.exists():
-            raise FileNotFoundError(f"--{role} {name!r}: no such file or folder")
-        if path.suffix == ".gguf" and not path.is_file():
-            raise ValueError(f"--{role} {name!r} is a folder, not a .gguf file")
-        if path.suffix != ".gguf" and not path.is_dir():
-            raise ValueError(f"--{role} {name!r} is a file: name a model folder, a .gguf file or a hub id")
 
 
 def _load_llama_cpp_pair(draft: str | None, target: str | None, *, threads: int | None,

@@ -22,14 +22,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from diversed.decoding.drafters import DRAFTERS, SuffixCache, make_drafter
+from diversed.decoding.drafters import SuffixCache, make_drafter
 from diversed.decoding.engine import Batch, Job
-from diversed.decoding.method import Method
 from diversed.decoding.policy import Policy
-from diversed.decoding.schedule import DEFAULT_DRAFTING, DraftLength
 from diversed.generation import load_head
-from diversed.head.model import PRETRAINED_HEADS, EnsembleHead
+from diversed.head.model import EnsembleHead
+from diversed.head.names import PRETRAINED_HEADS
 from diversed.models.loading import Pair
+from diversed.request import DEFAULT_DRAFTING, DRAFTERS, DraftLength, Method
 from diversed.server.metrics import Metrics
 from diversed.server.protocol import FINISH_REASONS, BadRequest, Call, Reply, error_body, parse_call, usage
 from diversed.server.worker import QueueFull, Worker

@@ -14,9 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.decoding.drafters import DRAFTERS
-from diversed.decoding.method import Method
-from diversed.decoding.sampling import Sampling
+from diversed.request import DRAFTERS, Method, Sampling
 from diversed.text import check_encodable
 
 

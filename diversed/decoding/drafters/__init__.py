@@ -9,8 +9,7 @@ from diversed.decoding.drafters.base import Drafter, Proposal
 from diversed.decoding.drafters.lookup import LookupDrafter
 from diversed.decoding.drafters.model import ModelDrafter
 from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
-
-DRAFTERS = ("auto", "model", "lookup", "suffix")
+from diversed.request import DRAFTERS
 
 
 def make_drafter(name: str, draft: Model | None = None, *, capacity: int = 1, confidence: float = 0.0,

@@ -1,0 +1,371 @@
+"""What a user asks of a generation, checked once at the edge that received it: the method (a verification
+rule with all its parameters, a trained head with its dial, or the target alone), the drafter and the
+drafting. It imports no torch, so the command line and the server refuse a bad request before anything heavy
+loads, with an error that names what was wrong.
+
+Every rule is named here once, with its parameters and their ranges (RULE_SPECS); diversed.verify gives each
+one its math under the same name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from diversed.head.names import head_folder
+from diversed.text import check_encodable
+
+# A parameter's range: a test, and what it says when a value fails it.
+Range = tuple[Callable[[float], bool], str]
+_UNIT: Range = (lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+_POSITIVE: Range = (lambda v: 0.0 < v < math.inf, "positive and finite")
+_NON_NEGATIVE: Range = (lambda v: 0.0 <= v < math.inf, "non-negative and finite")
+
+# Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
+TYPICAL_EPSILON = 0.09
+TYPICAL_DELTA = 0.3
+# vLLM's default entropy gate for FLy (fly_entropy_threshold, nats), and JuDi's confidence above which it matches
+# strictly (confidence_threshold in the authors' code).
+FLY_ENTROPY_THRESHOLD = 0.3
+JUDI_MAX_CONFIDENCE = 0.9
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A verification rule as a user names it. parameters: the keyword arguments of verify() it takes (the
+    first is the one "name:value" sets); defaults: the values of those that may be left out (typical's are
+    Medusa's, lossy-entropy's FLy's, judi's JuDi's); ranges: where a parameter's range is not
+    PARAMETER_RANGES' (a letter two papers use for different things)."""
+
+    name: str
+    summary: str
+    parameters: tuple[str, ...] = ()
+    defaults: Mapping[str, float] = field(default_factory=dict)
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+
+    @property
+    def optional(self) -> bool:
+        """Whether the name alone is a complete method: its first parameter has a default ("typical")."""
+        return bool(self.parameters) and self.parameters[0] in self.defaults
+
+
+RULE_SPECS: dict[str, RuleSpec] = {spec.name: spec for spec in (
+    RuleSpec("exact", "p: lossless (Leviathan et al., Chen et al.)"),
+    RuleSpec("lossy", "accept with min(1, p/((1-l) q)), correct from norm(max(0, p - q))", ("lenience",)),
+    RuleSpec("lossy-entropy", "lossy's test where the target is uncertain, H(p) >= h nats (FLy's gate), exact "
+             "elsewhere", ("lenience", "entropy_threshold"), defaults={"entropy_threshold": FLY_ENTROPY_THRESHOLD}),
+    RuleSpec("static", "w p + (1-w) q, one w", ("weight",)),
+    RuleSpec("dynamic", "w_i p + (1-w_i) q, a w per sequence and position (the DIVERSED head)", ("weight",)),
+    RuleSpec("cascade-chow", "q if max q >= 1 - a, else p", ("alpha",)),
+    RuleSpec("cascade-opt", "q if max q >= max p - a TV(q, p), else p", ("alpha",)),
+    RuleSpec("cascade-token", "q on the tokens p rates within (1 - a) of its best, the rest of the mass on p",
+             ("alpha",)),
+    RuleSpec("cactus", "p with the draft raised to p(x) + sqrt(2 d p(x)(1 - p(x))), the rest scaled down: a KL "
+             "budget d (Hao & Mou)", ("delta",), ranges={"delta": _NON_NEGATIVE}),
+    RuleSpec("judi", "q where KL(p || q) < eps and max p <= c, else p (JuDi, Sun et al.)",
+             ("epsilon", "max_confidence"), defaults={"max_confidence": JUDI_MAX_CONFIDENCE},
+             ranges={"epsilon": _NON_NEGATIVE}),
+    RuleSpec("typical", "deterministic: accept iff p(x) > min(eps, delta exp(-H(p))) (Medusa)", ("epsilon", "delta"),
+             defaults={"epsilon": TYPICAL_EPSILON, "delta": TYPICAL_DELTA}),
+)}
+
+# The range of each parameter, by name; a rule's own `ranges` take precedence. A "dynamic" weight is a tensor,
+# one w per position: diversed.verify checks those.
+PARAMETER_RANGES: dict[str, Range] = {
+    "weight": _UNIT,
+    "lenience": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "alpha": _UNIT,
+    "epsilon": _POSITIVE,
+    "delta": _POSITIVE,
+    "entropy_threshold": _NON_NEGATIVE,
+    "max_confidence": _UNIT,
+}
+
+
+def check_rule_parameters(rule: str, given: Mapping[str, object]) -> None:
+    """ValueError unless `rule` gets exactly its parameters (those without a default all present; None counts
+    as absent), each a number in its range; a tensor weight is left to diversed.verify."""
+    if rule not in RULE_SPECS:
+        raise ValueError(f"rule must be one of {tuple(RULE_SPECS)}, got {rule!r}")
+    spec = RULE_SPECS[rule]
+    for name in spec.parameters:
+        if given.get(name) is None and name not in spec.defaults:
+            raise ValueError(f"rule {rule!r} needs {name}")
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in spec.parameters:
+            raise ValueError(f"{name} does not apply to rule {rule!r}")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            if name == "weight" and hasattr(value, "shape"):  # a tensor of weights
+                continue
+            raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        test, accepted = spec.ranges.get(name, PARAMETER_RANGES[name])
+        if not test(float(value)):  # NaN fails every range, infinity every bounded one
+            raise ValueError(f"{name} must be {accepted}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Temperature, top-k and top-p, applied to each model's logits separately, before any mixing
+    (diversed.decoding.sampling). Temperature 0 means greedy: the distributions stay untempered softmaxes and
+    tokens are their argmax."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+METHODS = ("auto", *RULE_SPECS, "diversed")
+# What proposes the drafts (diversed.decoding.drafters): the speed model's choice each round, the draft model,
+# prompt lookup or the suffix cache.
+DRAFTERS = ("auto", "model", "lookup", "suffix")
+SCHEDULES = ("constant", "heuristic", "auto")
+
+
+# The parameter each method's compact "name:value" form sets: its rule's first.
+_FIRST = {name: spec.parameters[0] for name, spec in RULE_SPECS.items() if spec.parameters} | {"diversed": "head"}
+
+
+@dataclass(frozen=True)
+class Method:
+    """Which decoding to run: "auto" (the target alone) or a verification rule with its parameters.
+
+    "dynamic" takes its weights from a weight function given to the decoder; "diversed" is "dynamic" with
+    the trained head `head`: a folder (diversed.head) or the name of a head shipped for the default pair,
+    without one the default head (diversed.head.model.head_folder). `shift`, for "diversed" only, is the
+    strictness dial of a head: it is added to the head's logit, w = sigmoid(logit(w_head) + shift), so +1 is
+    stricter everywhere (more weight on the target) and -1 more lenient, while the head's ranking of tokens
+    stays; spelled "diversed:HEAD@+1"."""
+
+    name: str = "exact"
+    weight: float | None = None
+    lenience: float | None = None
+    alpha: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    entropy_threshold: float | None = None
+    max_confidence: float | None = None
+    head: str | None = None
+    shift: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.name!r}")
+        if self.shift is not None and (self.name != "diversed" or not math.isfinite(self.shift)):
+            raise ValueError(f"a head's shift is for method 'diversed' and a finite number of logits, "
+                             f"got {self.shift!r} for {self.name!r}")
+        if self.rule not in (None, "dynamic"):
+            check_rule_parameters(self.rule, self.verify_params())
+        elif given := self.verify_params():  # the target alone verifies nothing; a head gives every weight
+            raise ValueError(f"method {self.name!r} takes no {', '.join(given)}")
+
+    @classmethod
+    def parse(cls, text: str) -> Method:
+        """'auto', 'exact', 'static:0.7', 'lossy:0.3', 'cascade-opt:0.2', 'typical:0.09', 'diversed:DIR',
+        'diversed:DIR@+1' (the head shifted by +1 logit; 'diversed:@+1': the default head shifted); a rule's
+        other parameters follow by name: 'lossy-entropy:0.5,entropy_threshold=1.2', 'judi:0.1,max_confidence=0.8',
+        'typical:0.09,delta=0.5'."""
+        name, _, value = text.partition(":")
+        if not value or name not in METHODS:
+            return cls(name)  # an unknown name is refused as such, whatever follows it
+        if name not in _FIRST:
+            raise ValueError(f"method {name!r} takes no parameter, got {text!r}")
+        try:
+            if name == "diversed":
+                head, shift = _head_and_shift(value)
+                return cls(name, head=head, shift=shift)
+            first, *rest = value.split(",")
+            params = {_FIRST[name]: float(first)}
+            for item in rest:
+                key, equals, number = item.partition("=")
+                if not equals or key.strip() not in RULE_SPECS[name].parameters[1:]:
+                    raise ValueError(f"{item!r} is not one of its other parameters as NAME=VALUE "
+                                     f"({', '.join(RULE_SPECS[name].parameters[1:]) or 'it has none'})")
+                params[key.strip()] = float(number)
+            return cls(name, **params)
+        except ValueError as err:
+            raise ValueError(f"cannot read method {text!r}: {err}") from None
+
+    @property
+    def rule(self) -> str | None:
+        """The rule passed to diversed.verify.verify (None for plain decoding)."""
+        return {"auto": None, "diversed": "dynamic"}.get(self.name, self.name)
+
+    @property
+    def label(self) -> str:
+        """The canonical spelling, which parse() reads back: 'static:0.7', 'judi:0.1,max_confidence=0.8'."""
+        value = getattr(self, _FIRST.get(self.name, "name"))
+        if self.shift is not None:
+            return f"{self.name}:{value or ''}@{self.shift:+}".removesuffix(".0")  # every digit: '@+1', '@-0.25'
+        if value is None or self.name not in _FIRST:
+            return self.name
+        spec = RULE_SPECS.get(self.name)
+        others = [f"{key}={getattr(self, key)}" for key in (spec.parameters[1:] if spec else ())
+                  if getattr(self, key) is not None]
+        return ",".join([f"{self.name}:{value}", *others])
+
+    def verify_params(self) -> dict:
+        """The keyword arguments of verify() that this method sets."""
+        return {k: v for k, v in asdict(self).items() if k not in ("name", "head", "shift") and v is not None}
+
+
+def _head_and_shift(value: str) -> tuple[str | None, float | None]:
+    """'DIR@+1' -> ('DIR', 1.0), 'DIR' -> ('DIR', None), '@-0.5' -> (None, -0.5). Only a number after the
+    last '@' is a shift, so a folder with '@' in its path is still read as a folder."""
+    head, at, shift = value.rpartition("@")
+    try:
+        return (head or None, float(shift)) if at else (value, None)
+    except ValueError:
+        return value, None
+
+
+@dataclass(frozen=True)
+class DraftLength:
+    """The draft length N and how it changes between rounds.
+
+    constant: N every round. heuristic (transformers' schedule): +2 after a round in which the drafts were
+    all kept, -1 (not below 1) otherwise; in a batch, a round counts as fully kept when at least half of the
+    sequences kept all their drafts, since the batch shares one N. auto: each round, the N in
+    [1, maximum] that the speed model predicts to give the most tokens per second, from this run's measured
+    draft step and verify pass times and its running acceptance (see SpeedModel); N is the first round's.
+    The auto schedule may also choose N = 0, a step of the target alone, whose token follows the target's
+    p whatever the rule (as a bonus token does).
+    confidence: a sequence stops drafting in a round once its drafted token had draft probability below
+    this (the token itself is still proposed); 0 disables it.
+    """
+
+    initial: int = 5
+    schedule: str = "constant"
+    maximum: int = 16
+    confidence: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.initial < 1 or (self.schedule != "constant" and self.initial > self.maximum):
+            raise ValueError(f"draft length must be in [1, {self.maximum}], got {self.initial}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"draft-length schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 <= self.confidence < 1.0:
+            raise ValueError(f"draft confidence threshold must be in [0, 1), got {self.confidence}")
+
+    def __str__(self) -> str:
+        """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
+        length = str(self.initial) if self.schedule == "constant" else f"{self.schedule} from {self.initial}"
+        return length + (f", cut-off {self.confidence}" if self.confidence else "")
+
+    @property
+    def longest(self) -> int:
+        """The longest round this schedule can draft."""
+        return self.initial if self.schedule == "constant" else self.maximum
+
+    def next(self, n: int, fully_kept_fraction: float) -> int:
+        """The heuristic and constant schedules' draft length of the next round, after a round of length n."""
+        if self.schedule == "constant":
+            return n
+        return min(n + 2, self.maximum) if fully_kept_fraction >= 0.5 else max(n - 1, 1)
+
+
+# What generate() and `diversed generate` draft by default, per backend (benchmarks/README.md has the runs
+# that chose them). transformers: 20 tokens a round, a sequence stopping early once its draft is less than
+# 40% sure (transformers' assisted-generation defaults too); the fastest measured on the default pair at
+# T = 0 and T = 1. llama.cpp on a CPU: a verify pass costs nearly a step per token, so the speed model
+# chooses each round, the target alone included.
+DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
+                    "llama.cpp": DraftLength(2, "auto", maximum=8, confidence=0.4)}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What generate() was asked, checked, in canonical form (see check_request): the arguments that have
+    another form than the one given (integer arguments stay as they were)."""
+
+    prompts: list[str | list[dict]]
+    method: Method
+    sampling: Sampling
+    draft_length: DraftLength | None
+    stop: tuple[str, ...]
+
+
+def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
+                  temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
+                  max_new_tokens: int | None = None, stop: str | Sequence[str] = (), batch_size: int = 1,
+                  seed: int = 0
+                  ) -> Request:
+    """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
+    model loads): a ValueError names the argument, the value and what is accepted."""
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of strings, got {_show(prompts)}")
+    for number, prompt in enumerate(prompts, 1):
+        if isinstance(prompt, list):
+            _check_conversation(f"prompt {number}", prompt)
+        else:
+            _check_text(f"prompt {number}", prompt)
+    if not isinstance(method, Method):
+        if not isinstance(method, str):
+            raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
+        method = Method.parse(method)
+    if method.name == "diversed":
+        head_folder(method.head)
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {DRAFTERS}, got {_show(drafter)}")
+    if method.name == "diversed" and drafter in ("lookup", "suffix"):
+        raise ValueError(f"method {method.label!r} reads the draft model's hidden states, which drafter {drafter!r} "
+                         "does not have: use drafter 'model' or 'auto'")
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {_show(value)}")
+    for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
+                             ("batch_size", batch_size, 1), ("seed", seed, 0)):
+        if name == "max_new_tokens" and value is None:  # until the end of the answer
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+            raise ValueError(f"{name} must be an integer >= {low}, got {_show(value)}")
+    if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
+        raise ValueError(f"draft_length must be a number of drafts, a DraftLength or None, got {_show(draft_length)}")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    for number, text in enumerate(stop, 1):
+        _check_text(f"stop string {number}", text)
+    return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
+                   DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
+                   stop)
+
+
+def _check_text(name: str, text) -> None:
+    """A text input must be a non-empty string that UTF-8 can encode (a lone surrogate cannot)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string, got {_show(text)}")
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    check_encodable(name, text)
+
+
+def _check_conversation(name: str, messages: list) -> None:
+    """A conversation is a non-empty list of {"role": system|user|assistant, "content": text} objects."""
+    if not messages:
+        raise ValueError(f"{name} is an empty conversation")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) != {"role", "content"} or \
+                message["role"] not in ("system", "user", "assistant"):
+            raise ValueError(f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
+                             f"'content': text}}, got {_show(message)}")
+        _check_text(f"{name}, message {i + 1}", message["content"])
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
