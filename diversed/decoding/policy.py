@@ -117,7 +117,8 @@ class Groups:
                                    torch.zeros(own.shape + (n,), dtype=torch.bool, device=p.device),
                                    torch.zeros(own.shape + (n,), device=p.device))
                 for length in own.unique().tolist():
-                    at = (own == length).nonzero().squeeze(-1)
+                    # Every row alike (one policy's batch, mostly): slices, not copies of p.
+                    at = slice(None) if bool((own == length).all()) else (own == length).nonzero().squeeze(-1)
                     if length == 0:  # the target alone: p's token after no drafts, whatever the rule
                         out.next_token[at] = sample_tokens(policy.sampling, p[rows][at, 0], generator)
                         continue

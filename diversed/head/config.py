@@ -16,10 +16,8 @@ class TrainConfig:
     lam: the speed/quality dial, the weight of the acceptance term A'(y) = mean_t (1 - w_t TV_t / mean TV),
     the expected acceptance along a completion measured in units of the step's mean TV(q, p): 1 at w = 0,
     about 0 at w = 1, for any pair (unnormalised, lambda's useful range moved with how much the two models
-    disagree). On the default pair (mean TV about 0.03 on code) the REINFORCE runs before this scale put the
-    balance near lambda = 1 here: their unnormalised lambda = 1 (0.03 here) left the reward's gradient 50x
-    larger, 30 (0.9 here) let the acceptance drive w to 0.02, 10 (0.3 here, the default) let both act. The
-    log's pg_grad_norm and acceptance_grad_norm show which term pulls harder.
+    disagree; benchmarks/RESULTS.md has the runs that set the default). The log's pg_grad_norm and
+    acceptance_grad_norm show which term pulls harder.
     ppo_epochs, minibatches, clip: each step's rollouts are used for ppo_epochs passes of `minibatches`
     updates each (random minibatches of completions); a token's importance ratio is clipped to [1 - clip,
     1 + clip] (diversed.head.ppo).
