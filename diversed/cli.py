@@ -14,7 +14,7 @@ from pathlib import Path
 from diversed.head.config import TrainConfig
 from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
 from diversed.models.options import BACKENDS, DTYPE_NAMES, QUANTIZATIONS
-from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength
+from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength, RequestError
 
 TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, humaneval, humaneval-plus "
              "(offline), cnn_dailymail, xsum (online) or jsonl:PATH")
@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except RequestError as err:  # a request's value, said with its flag
+        print(f"diversed {args.command}: error: {_one_line(err.message_for(_flag(err.field)))}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:  # what the user asked
         print(f"diversed {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
@@ -152,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException | str) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _flag(field: str) -> str:
+    """The option that sets a request's field (diversed.request's names) on the command line."""
+    return {"prompt": "prompt", "draft_length": "--draft-len"}.get(field, "--" + field.replace("_", "-"))
 
 
 def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,25 @@ from dataclasses import asdict, dataclass, field
 from diversed.head.names import head_folder
 from diversed.text import check_encodable
 
+
+class RequestError(ValueError):
+    """A value of a request that cannot be used. `field` is the request's own name for it (generate()'s
+    argument: "temperature", "max_new_tokens", "method", "prompt", ...); the message holds "{}" where the field
+    is named, so that each edge says it in its own words (`message_for`): a flag on the command line, a body
+    field on the server."""
+
+    def __init__(self, field: str, template: str) -> None:
+        self.field, self.template = field, template
+        super().__init__(template.replace("{}", field))
+
+    def message_for(self, name: str) -> str:
+        return self.template.replace("{}", name)
+
+
+class ContextTooLong(RequestError):
+    """A prompt and its new tokens that do not fit the model's context."""
+
+
 # A parameter's range: a test, and what it says when a value fails it.
 Range = tuple[Callable[[float], bool], str]
 _UNIT: Range = (lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
@@ -118,11 +137,11 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise RequestError("temperature", f"{{}} must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise RequestError("top_k", f"{{}} must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError("top_p", f"{{}} must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
@@ -164,14 +183,17 @@ class Method:
 
     def __post_init__(self) -> None:
         if self.name not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.name!r}")
+            raise RequestError("method", f"{{}} must be one of {METHODS}, got {self.name!r}")
         if self.shift is not None and (self.name != "diversed" or not math.isfinite(self.shift)):
-            raise ValueError(f"a head's shift is for method 'diversed' and a finite number of logits, "
-                             f"got {self.shift!r} for {self.name!r}")
+            raise RequestError("method", f"a head's shift is for {{}} 'diversed' and a finite number of logits, "
+                                         f"got {self.shift!r} for {self.name!r}")
         if self.rule not in (None, "dynamic"):
-            check_rule_parameters(self.rule, self.verify_params())
+            try:
+                check_rule_parameters(self.rule, self.verify_params())
+            except ValueError as error:
+                raise RequestError("method", f"{{}} {self.name!r}: {error}") from None
         elif given := self.verify_params():  # the target alone verifies nothing; a head gives every weight
-            raise ValueError(f"method {self.name!r} takes no {', '.join(given)}")
+            raise RequestError("method", f"{{}} {self.name!r} takes no {', '.join(given)}")
 
     @classmethod
     def parse(cls, text: str) -> Method:
@@ -183,7 +205,7 @@ class Method:
         if not value or name not in METHODS:
             return cls(name)  # an unknown name is refused as such, whatever follows it
         if name not in _FIRST:
-            raise ValueError(f"method {name!r} takes no parameter, got {text!r}")
+            raise RequestError("method", f"{{}} {name!r} takes no parameter, got {text!r}")
         try:
             if name == "diversed":
                 head, shift = _head_and_shift(value)
@@ -197,8 +219,10 @@ class Method:
                                      f"({', '.join(RULE_SPECS[name].parameters[1:]) or 'it has none'})")
                 params[key.strip()] = float(number)
             return cls(name, **params)
+        except RequestError:  # a value out of its range: it says so itself
+            raise
         except ValueError as err:
-            raise ValueError(f"cannot read method {text!r}: {err}") from None
+            raise RequestError("method", f"cannot read {{}} {text!r}: {err}") from None
 
     @property
     def rule(self) -> str | None:
@@ -255,11 +279,11 @@ class DraftLength:
 
     def __post_init__(self) -> None:
         if self.initial < 1 or (self.schedule != "constant" and self.initial > self.maximum):
-            raise ValueError(f"draft length must be in [1, {self.maximum}], got {self.initial}")
+            raise RequestError("draft_length", f"{{}} must be in [1, {self.maximum}], got {self.initial}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"draft-length schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+            raise RequestError("draft_schedule", f"{{}} must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0.0 <= self.confidence < 1.0:
-            raise ValueError(f"draft confidence threshold must be in [0, 1), got {self.confidence}")
+            raise RequestError("draft_confidence", f"{{}} must be in [0, 1), got {self.confidence}")
 
     def __str__(self) -> str:
         """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
@@ -306,64 +330,69 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
                   seed: int = 0
                   ) -> Request:
     """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
-    model loads): a ValueError names the argument, the value and what is accepted."""
+    model loads): a RequestError names the argument, the value and what is accepted."""
     prompts = [prompts] if isinstance(prompts, str) else prompts
     if not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"prompts must be a non-empty list of strings, got {_show(prompts)}")
+        raise RequestError("prompt", f"{{}}s must be a non-empty list of strings, got {_show(prompts)}")
     for number, prompt in enumerate(prompts, 1):
         if isinstance(prompt, list):
-            _check_conversation(f"prompt {number}", prompt)
+            _check_conversation("prompt", f"{{}} {number}", prompt)
         else:
-            _check_text(f"prompt {number}", prompt)
+            _check_text("prompt", f"{{}} {number}", prompt)
     if not isinstance(method, Method):
         if not isinstance(method, str):
-            raise ValueError(f"method must be a string like 'exact' or 'static:0.7', got {_show(method)}")
+            raise RequestError("method", f"{{}} must be a string like 'exact' or 'static:0.7', got {_show(method)}")
         method = Method.parse(method)
     if method.name == "diversed":
         head_folder(method.head)
     if drafter not in DRAFTERS:
-        raise ValueError(f"drafter must be one of {DRAFTERS}, got {_show(drafter)}")
+        raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(drafter)}")
     if method.name == "diversed" and drafter in ("lookup", "suffix"):
-        raise ValueError(f"method {method.label!r} reads the draft model's hidden states, which drafter {drafter!r} "
-                         "does not have: use drafter 'model' or 'auto'")
+        raise RequestError("drafter", f"method {method.label!r} reads the draft model's hidden states, which {{}} "
+                                      f"{drafter!r} does not have: use 'model' or 'auto'")
     for name, value in (("temperature", temperature), ("top_p", top_p)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {_show(value)}")
+            raise RequestError(name, f"{{}} must be a finite number, got {_show(value)}")
     for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
                              ("batch_size", batch_size, 1), ("seed", seed, 0)):
         if name == "max_new_tokens" and value is None:  # until the end of the answer
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
-            raise ValueError(f"{name} must be an integer >= {low}, got {_show(value)}")
+            raise RequestError(name, f"{{}} must be an integer >= {low}, got {_show(value)}")
     if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
-        raise ValueError(f"draft_length must be a number of drafts, a DraftLength or None, got {_show(draft_length)}")
+        raise RequestError("draft_length", f"{{}} must be a number of drafts, a DraftLength or None, got "
+                                           f"{_show(draft_length)}")
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     for number, text in enumerate(stop, 1):
-        _check_text(f"stop string {number}", text)
+        _check_text("stop", f"{{}} string {number}", text)
     return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
                    stop)
 
 
-def _check_text(name: str, text) -> None:
-    """A text input must be a non-empty string that UTF-8 can encode (a lone surrogate cannot)."""
+def _check_text(field: str, name: str, text) -> None:
+    """A text input (`name`, "{}" for the field) must be a non-empty string that UTF-8 can encode (a lone
+    surrogate cannot)."""
     if not isinstance(text, str):
-        raise ValueError(f"{name} must be a string, got {_show(text)}")
+        raise RequestError(field, f"{name} must be a string, got {_show(text)}")
     if not text.strip():
-        raise ValueError(f"{name} is empty")
-    check_encodable(name, text)
+        raise RequestError(field, f"{name} is empty")
+    try:
+        check_encodable(name, text)
+    except ValueError as error:
+        raise RequestError(field, str(error)) from None
 
 
-def _check_conversation(name: str, messages: list) -> None:
+def _check_conversation(field: str, name: str, messages: list) -> None:
     """A conversation is a non-empty list of {"role": system|user|assistant, "content": text} objects."""
     if not messages:
-        raise ValueError(f"{name} is an empty conversation")
+        raise RequestError(field, f"{name} is an empty conversation")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or set(message) != {"role", "content"} or \
                 message["role"] not in ("system", "user", "assistant"):
-            raise ValueError(f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
-                             f"'content': text}}, got {_show(message)}")
-        _check_text(f"{name}, message {i + 1}", message["content"])
+            raise RequestError(field, f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
+                                      f"'content': text}}, got {_show(message)}")
+        _check_text(field, f"{name}, message {i + 1}", message["content"])
 
 
 def _show(value) -> str:

@@ -28,7 +28,7 @@ from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.schedule import SpeedModel
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
 from diversed.verify import Verification, total_variation
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
@@ -214,9 +214,9 @@ class Batch:
         drafter or head."""
         policy = job.policy
         if not job.prompt:
-            raise ValueError("the prompt is empty")
+            raise RequestError("prompt", "the {} is empty")
         if job.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {job.max_new_tokens}")
+            raise RequestError("max_new_tokens", f"{{}} must be >= 1, got {job.max_new_tokens}")
         if policy.drafts and self.drafter is None:
             raise ValueError(f"method {policy.method.label!r} needs a drafter (a draft model, or a drafter that "
                              "copies: 'lookup', 'suffix')")
@@ -450,7 +450,8 @@ def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens
     """A prompt must fit the model's context with max_new_tokens and a round of drafts, in its vocabulary."""
     needed = len(prompt) + max_new_tokens + longest_round + 1
     if model.context_length is not None and needed > model.context_length:
-        raise ValueError(f"the prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + a round of drafts "
-                         f"exceeds the {role}'s context of {model.context_length} tokens")
+        raise ContextTooLong("max_new_tokens", f"the prompt ({len(prompt)} tokens) + {{}} ({max_new_tokens}) + a "
+                                               f"round of drafts exceeds the {role}'s context of "
+                                               f"{model.context_length} tokens")
     if min(prompt) < 0 or max(prompt) >= model.vocab_size:
-        raise ValueError(f"a prompt token id is outside the {role}'s vocabulary")
+        raise RequestError("prompt", f"a {{}} token id is outside the {role}'s vocabulary")

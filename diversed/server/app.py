@@ -29,9 +29,18 @@ from diversed.generation import load_head
 from diversed.head.model import EnsembleHead
 from diversed.head.names import PRETRAINED_HEADS
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, DRAFTERS, DraftLength, Method
+from diversed.request import DEFAULT_DRAFTING, DRAFTERS, ContextTooLong, DraftLength, Method, RequestError
 from diversed.server.metrics import Metrics
-from diversed.server.protocol import FINISH_REASONS, BadRequest, Call, Reply, error_body, parse_call, usage
+from diversed.server.protocol import (
+    FINISH_REASONS,
+    BadRequest,
+    Call,
+    Reply,
+    error_body,
+    parse_call,
+    request_error,
+    usage,
+)
 from diversed.server.worker import QueueFull, Worker
 from diversed.text import StreamedText, encode_messages, stop_checker
 
@@ -141,10 +150,11 @@ class Server:
                   stop_checker(tokenizer, call.stop))
         try:
             self.worker.batch.check(job)
-        except ValueError as error:
+        except ContextTooLong as error:
             param = "max_tokens" if call.max_tokens and room >= 1 else "messages" if call.chat else "prompt"
-            raise BadRequest(str(error).replace("max_new_tokens", "max_tokens"), param,
-                             "context_length_exceeded") from None
+            raise BadRequest(error.message_for("max_tokens"), param, "context_length_exceeded") from None
+        except RequestError as error:
+            raise BadRequest(*request_error(error, call.chat)) from None
         return job
 
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.request import DRAFTERS, Method, Sampling
+from diversed.request import DRAFTERS, Method, RequestError, Sampling
 from diversed.text import check_encodable
 
 
@@ -29,6 +29,16 @@ class BadRequest(Exception):
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return error_body(self.message, kind, self.param, self.code)
+
+
+# The request's own names (diversed.request) that OpenAI's API spells otherwise.
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "method": "verification"}
+
+
+def request_error(error: RequestError, chat: bool) -> tuple[str, str]:
+    """A request module's error as this API says it: the message with the body field's name, and the field."""
+    param = "messages" if error.field == "prompt" and chat else _OPENAI_NAMES.get(error.field, error.field)
+    return error.message_for(param), param
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
@@ -165,8 +175,8 @@ def _method(body: dict, default: Method) -> tuple[Method, str | None]:
                              "verification")
         try:
             method = Method.parse(text)
-        except ValueError as error:
-            raise BadRequest(f"verification {text!r}: {error}", "verification") from None
+        except RequestError as error:
+            raise BadRequest(*request_error(error, chat=False)) from None
         if method.head is not None:  # the head by name: a client never names a folder on the server
             if head not in (None, method.head):
                 raise BadRequest(f"verification {text!r} names head {method.head!r} and head names {head!r}: "
