@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from flip_harm import TEMPERATURE, auc, read_records, report
+from head_weights import KINDS, score_completions
 from safetensors.torch import load_file, save_file
 
-from diversed.evaluation.head_weights import KINDS, score_completions
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.names import ARCHITECTURES
 from diversed.models.loading import load_pair

@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from diversed.evaluation.head_weights import token_weights, write_weights_report
+from head_weights import token_weights, write_weights_report
+
 from diversed.evaluation.run import CONFIG_FILE, RESULTS_FILE
 from diversed.generation import generate, load_head
 from diversed.models.loading import load_pair

@@ -4,7 +4,7 @@ assisted generation, in one run on one machine.
 Prints, per temperature: the per-forward costs (draft step, target step, target verify pass of N+1
 tokens; medians of timings taken between the chunks of prompts of the run itself), then one row per
 configuration: acceptance rate, tau, tokens/s, speedup over "auto", the speedup that the speed model
-(diversed.theory, Leviathan et al. with the measured verify cost) predicts from the measured costs and
+(diversed.decoding.schedule, Leviathan et al. with the measured verify cost) predicts from the measured costs and
 per-position acceptance, and the share of our rounds spent outside the two models' forwards (the engine's
 phase profile). Rows named hf-* are transformers' generate(assistant_model=...). Batch-1 configurations
 take turns prompt by prompt (the order reversing every prompt), so that a slow spell of a shared machine
@@ -35,6 +35,7 @@ from machine import describe
 from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import summarize
+from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_methods
 from diversed.generation import load_head
@@ -44,7 +45,6 @@ from diversed.models.options import DTYPE_NAMES
 from diversed.request import DraftLength, Method, Sampling
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
-from diversed.theory import expected_tokens_per_round
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def _run_peer(pair: Pair, row: Row, prompt: list[int], sampling: Sampling, max_n
 def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float | None:
     """The speedup the speed model expects: per prompt, plain decoding costs a target prefill plus one step
     per token; speculative decoding costs both prefills plus tokens / tau rounds of N draft steps and one
-    verify pass, with tau = diversed.theory.expected_tokens_per_round(measured per-position acceptance).
+    verify pass, with tau = expected_tokens_per_round(measured per-position acceptance).
     Only for our runs at a constant N without cut-off, at batch 1, with the measured draft and verify pass."""
     length = row.spec.length
     if (row.spec.peer or length is None or length.schedule != "constant" or length.confidence or row.spec.batch != 1

@@ -229,42 +229,6 @@ def verify(
     return Verification(num_accepted, next_token, accepted, accept_prob)
 
 
-def verification_target(rule: str, p: Tensor, q: Tensor, *, draft: Tensor | None = None,
-                        **params: float | Tensor) -> Tensor:
-    """The distribution pi that a rule verifies against, for p, q of shape [..., V] (RULES[rule].target):
-    p for "exact", "lossy" and "lossy-entropy"; nu = w p + (1 - w) q for "static"/"dynamic" (w broadcast over
-    the leading dimensions); the deferral rule's pi for the cascades and "judi"; for "cactus", h_x, p with the
-    drafted token x raised, so it needs `draft`, long [...]. This is also each rule's output distribution,
-    except where the test is relaxed ("lossy", "lossy-entropy") and for "cactus", whose target moves with x
-    (its output: docs/algorithm.md section 9)."""
-    spec = _with_target(rule)
-    if spec.raise_draft is not None and draft is None:
-        raise ValueError(f"rule {rule!r} raises the drafted token in its target: pass draft")
-    return _target(spec, p, q, draft, {**spec.defaults, **params})
-
-
-def acceptance_probability(rule: str, p: Tensor, q: Tensor, **params: float | Tensor) -> Tensor:
-    """Probability that a draft x ~ q passes the rule's test at one position: sum_x min(q(x), a(x)), a(x) the
-    mass that keeps a drafted x: pi(x), over relax where the test is relaxed, and the raised mass where the
-    target moves with x (cactus); i.e. 1 - TV(q, pi) when neither (docs/algorithm.md section 2.6). p, q:
-    [..., V]."""
-    spec = _with_target(rule)
-    params = {**spec.defaults, **params}
-    kept = spec.target(p, q, **params)
-    if spec.raise_draft is not None:
-        kept = spec.raise_draft(kept, **params)  # elementwise: what each token would get, were it the draft
-    if spec.relax is not None:
-        kept = kept / torch.as_tensor(spec.relax(p, **params), dtype=p.dtype, device=p.device).unsqueeze(-1)
-    return torch.minimum(q, kept).sum(-1)
-
-
-def _with_target(rule: str) -> Rule:
-    if rule not in RULES or RULES[rule].target is None:
-        raise ValueError(f"rule {rule!r} has no verification target; choose one of "
-                         f"{[name for name, r in RULES.items() if r.target is not None]}")
-    return RULES[rule]
-
-
 def _target(spec: Rule, p: Tensor, q: Tensor, draft: Tensor | None, params: dict) -> Tensor:
     """The rule's pi at each drafted position, p, q [..., V], draft long [...]."""
     pi = spec.target(p, q, **params)

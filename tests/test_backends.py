@@ -230,7 +230,8 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
     """decode(trace=True) keeps, at every emitted token, the hidden states, p(y), q(y) and TV(q, p) that the
     verifier saw: those of a fresh teacher-forced pass of both models over the text (bonus tokens, which no
     draft predicted: draft state zeros, q(y) = p(y), TV 0). Rows end at different lengths (EOS, the cap)."""
-    from diversed.evaluation.head_weights import score_completions
+    from head_weights import score_completions
+
     from diversed.models.loading import Pair
 
     models, atol = backend

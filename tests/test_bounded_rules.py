@@ -13,14 +13,13 @@ from functools import cache
 
 import pytest
 import torch
+from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
 from diversed.request import FLY_ENTROPY_THRESHOLD, JUDI_MAX_CONFIDENCE, METHODS, RULE_SPECS, Method
 from diversed.verify import (
     RULES,
-    acceptance_probability,
     total_variation,
-    verification_target,
     verify,
 )
 

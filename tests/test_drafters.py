@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from closed_forms import acceptance_probability
 
 from diversed.backends import as_model
 from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter, make_drafter
@@ -12,7 +13,6 @@ from diversed.decoding.drafters.base import Acceptance
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.request import DRAFTERS, DraftLength, Method, Sampling
-from diversed.verify import acceptance_probability
 
 from tiny import perturbed, tiny_model
 

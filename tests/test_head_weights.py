@@ -5,8 +5,7 @@ import json
 
 import pytest
 import torch
-
-from diversed.evaluation.head_weights import (
+from head_weights import (
     KINDS,
     score_completions,
     token_kind,
@@ -14,6 +13,7 @@ from diversed.evaluation.head_weights import (
     weights_table,
     write_weights_report,
 )
+
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.request import Sampling
 from diversed.text import encode_prompt

@@ -3,9 +3,8 @@
 import pytest
 
 from diversed.decoding.profile import PHASES, profile_table
-from diversed.decoding.schedule import SpeedModel
+from diversed.decoding.schedule import SpeedModel, expected_tokens_per_round
 from diversed.request import DraftLength
-from diversed.theory import expected_tokens_per_round
 
 
 def observed(kept_of_five: list[int], step: float, verify: dict[int, float], plain: float | None = None

@@ -20,6 +20,7 @@ import openai
 import pytest
 import torch
 import uvicorn
+from closed_forms import verification_target
 from prometheus_client.parser import text_string_to_metric_families
 
 from diversed.generation import generate
@@ -27,7 +28,6 @@ from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
 from diversed.request import DraftLength
 from diversed.server import ServerConfig, create_app
-from diversed.verify import verification_target
 
 from tiny import WORDS, perturbed, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
 

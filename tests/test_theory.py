@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+import closed_forms as theory
 import pytest
 import torch
+from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
-from diversed import theory
-from diversed.verify import acceptance_probability, verification_target, verify
+from diversed.decoding.schedule import expected_tokens_per_round
+from diversed.verify import verify
 
 SIGMAS = 5.0
 
@@ -162,14 +164,14 @@ def test_other_rules_do_not_cross_the_pareto_front(pair, rule, params):
 
 
 def test_expected_tokens_per_round_closed_forms():
-    assert theory.expected_tokens_per_round([]) == 1.0
-    assert theory.expected_tokens_per_round([1.0] * 5) == pytest.approx(6.0)
-    assert theory.expected_tokens_per_round([0.0, 1.0, 1.0]) == pytest.approx(1.0)
-    assert theory.expected_tokens_per_round([0.5, 0.2]) == pytest.approx(1 + 0.5 + 0.1)
-    assert theory.expected_tokens_per_round(torch.tensor([0.5, 0.2])) == pytest.approx(1.6)
+    assert expected_tokens_per_round([]) == 1.0
+    assert expected_tokens_per_round([1.0] * 5) == pytest.approx(6.0)
+    assert expected_tokens_per_round([0.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert expected_tokens_per_round([0.5, 0.2]) == pytest.approx(1 + 0.5 + 0.1)
+    assert expected_tokens_per_round(torch.tensor([0.5, 0.2])) == pytest.approx(1.6)
     for a in (0.1, 0.6, 0.9):
         for n in (1, 4, 7):
-            assert theory.expected_tokens_per_round([a] * n) == pytest.approx((1 - a ** (n + 1)) / (1 - a))
+            assert expected_tokens_per_round([a] * n) == pytest.approx((1 - a ** (n + 1)) / (1 - a))
 
 
 SIMULATIONS = [(3, "exact", {}, "similar"), (4, "static", {"weight": 0.5}, "moderate"),
@@ -188,7 +190,7 @@ def test_expected_tokens_per_round_matches_simulation(n, rule, params, pair):
     assert 0.3 < a < 0.95, "acceptance should be far from 0 and 1 for a meaningful check"
     _, result = simulate(rule, q, p, batch=100_000, seed=300 + n, **params)
     tokens = (1 + result.num_accepted).double()
-    expected = theory.expected_tokens_per_round([a] * n)
+    expected = expected_tokens_per_round([a] * n)
     bound = SIGMAS * float(tokens.std()) / math.sqrt(tokens.numel()) + 1e-4
     assert abs(float(tokens.mean()) - expected) < bound, f"{float(tokens.mean()):.4f} vs {expected:.4f}"
 
@@ -204,7 +206,7 @@ def test_expected_tokens_per_round_matches_simulation_with_position_dependent_ac
     assert max(accept) - min(accept) > 0.1, "positions should differ"
     _, result = simulate("exact", q, p, batch=100_000, seed=401)
     tokens = (1 + result.num_accepted).double()
-    expected = theory.expected_tokens_per_round(accept)
+    expected = expected_tokens_per_round(accept)
     bound = SIGMAS * float(tokens.std()) / math.sqrt(tokens.numel()) + 1e-4
     assert abs(float(tokens.mean()) - expected) < bound, f"{float(tokens.mean()):.4f} vs {expected:.4f}"
 
@@ -223,7 +225,7 @@ def test_verify_cost_above_one_lowers_expected_speedup(verify_cost):
     a, n, c = 0.7, 4, 0.1
     slower = theory.expected_speedup(a, n, c, verify_cost=verify_cost)
     assert slower < theory.expected_speedup(a, n, c)
-    assert slower == pytest.approx(theory.expected_tokens_per_round([a] * n) / (n * c + verify_cost))
+    assert slower == pytest.approx(expected_tokens_per_round([a] * n) / (n * c + verify_cost))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from head_weights import score_completions
 from safetensors import safe_open
 
 import diversed.head.train as train
-from diversed.evaluation.head_weights import score_completions
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.head.ppo import ppo_terms

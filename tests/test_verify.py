@@ -16,15 +16,14 @@ from functools import cache
 
 import pytest
 import torch
+from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
 from diversed.request import TYPICAL_DELTA, TYPICAL_EPSILON
 from diversed.verify import (
     RULES,
     Verification,
-    acceptance_probability,
     total_variation,
-    verification_target,
     verify,
 )
 

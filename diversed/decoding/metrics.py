@@ -2,7 +2,8 @@
 
 acceptance_rate = accepted draft tokens / drafted tokens.
 tau = new tokens / target forwards after the prompt (one per round; the correction or bonus token counts).
-per_position_acceptance[i] = P(draft i+1 kept | drafts 1..i kept), the a_i of diversed.theory.
+per_position_acceptance[i] = P(draft i+1 kept | drafts 1..i kept),
+the a_i of expected_tokens_per_round (decoding/schedule.py).
 tokens_per_s = new tokens / wall time (model loading excluded; in a batch, until that sequence finished).
 rule_tokens: new tokens the rule decided (kept drafts and corrections); target_tokens: those the target decided
 alone (steps without drafts, and bonus tokens after fully kept drafts). They add up to new_tokens.

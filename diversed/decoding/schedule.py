@@ -1,14 +1,17 @@
-"""How many tokens the draft proposes each round."""
+"""How many tokens to draft each round: the speed model of the auto schedule and its measured costs."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from diversed.models.default_pair import cache_dir
-from diversed.theory import expected_tokens_per_round
 
 COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per machine, models and batch size
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
@@ -16,10 +19,17 @@ MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machin
 STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
 
 
+def expected_tokens_per_round(acceptance: Sequence[float] | Tensor) -> float:
+    """Expected tokens emitted per round (tau) given per-position acceptance a_1..a_N:
+    1 + sum_k prod_{i<=k} a_i (the +1 is the correction or bonus token)."""
+    a = torch.as_tensor(acceptance, dtype=torch.float64)
+    return float(1.0 + a.cumprod(0).sum())
+
+
 class SpeedModel:
     """The running speed model of one decoding call, for the "auto" schedule (docs/algorithm.md section 6).
 
-    Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (theory.expected_tokens_per_round
+    Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (expected_tokens_per_round
     for tau), and of a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
     step time, v(k) the target's forward time over k tokens per row. v is measured per width, since on a CPU
     it is far from flat and not even a line (llama.cpp's 2-core pass over 8 tokens costs 2.5 passes over 4).

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from diversed.theory import expected_tokens_per_round
+from diversed.decoding.schedule import expected_tokens_per_round
 
 if TYPE_CHECKING:
     from diversed.backends import Model
