@@ -227,24 +227,30 @@ def test_hidden_states_on_change_no_row_of_the_logits(backend):
 
 
 def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
-    """decode(trace=True) keeps, at every emitted token, the hidden states, p(y), q(y) and TV(q, p) that the
-    verifier saw: those of a fresh teacher-forced pass of both models over the text (bonus tokens, which no
-    draft predicted: draft state zeros, q(y) = p(y), TV 0). Rows end at different lengths (EOS, the cap)."""
+    """The trainer's Trace, fed by decode's on_round, keeps at every emitted token the hidden states, p(y),
+    q(y) and TV(q, p) that the verifier saw: those of a fresh teacher-forced pass of both models over the text
+    (bonus tokens, which no draft predicted: draft state zeros, q(y) = p(y), TV 0). Rows end at different
+    lengths (EOS, the cap)."""
     from head_weights import score_completions
 
+    from diversed.head.train import Trace
     from diversed.models.loading import Pair
 
     models, atol = backend
     target, draft = models["target"], models["close"]
+    traces = [Trace() for _ in PROMPTS]
     out = decode(target, PROMPTS, draft=draft, method=Method("dynamic"), sampling=Sampling(1.0),
                  weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
-                 max_new_tokens=11, eos_token_ids=[4], seed=2, trace=True)
-    assert len(out.traces) == len(PROMPTS) and any(t[-1] == 4 for t in out.tokens)
+                 max_new_tokens=11, eos_token_ids=[4], seed=2,
+                 on_round=lambda i, result, row, count: traces[i].add(result, row, count))
+    assert any(t[-1] == 4 for t in out.tokens)
+    kept_all = [trace.tensors() for trace in traces]
+    bonus = [kept[5].tolist() for kept in kept_all]
     h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(Pair(draft, target, None, "d", "t"), PROMPTS,
-                                                             out.tokens, out.bonus, Sampling(1.0))
+                                                             out.tokens, bonus, Sampling(1.0))
     assert 0 < (mask & ~scored).sum() and len(set(map(len, out.tokens))) > 1  # bonus tokens; rows end apart
-    for row, trace in enumerate(out.traces):
-        kept, scores = trace.tensors(), scored[row][mask[row]]
+    for row, kept in enumerate(kept_all):
+        scores = scored[row][mask[row]]
         n = len(out.tokens[row])
         assert all(len(part) == n for part in kept) and 0 < scores.sum()
         expected = (h_d[row, :n], h_t[row, :n], p_y[row, :n], q_y[row, :n], tv[row, :n])
@@ -254,16 +260,6 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
         torch.testing.assert_close(kept[2], p_y[row, :n], atol=atol, rtol=1e-3)
         assert (kept[0][~scores] == 0).all() and (kept[4][~scores] == 0).all()
         assert torch.equal(kept[3][~scores], kept[2][~scores])
-
-
-def test_a_trace_needs_the_heads_inputs_every_round(backend):
-    models, _ = backend
-    with pytest.raises(ValueError, match="trace keeps the head's inputs"):
-        decode(models["target"], PROMPTS, draft=models["close"], method=Method("exact"), trace=True)
-    with pytest.raises(ValueError, match="not the auto schedule"):
-        decode(models["target"], PROMPTS, draft=models["close"], method=Method("dynamic"),
-               weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3, "auto"),
-               trace=True)
 
 
 def test_the_draft_quantizations_checked_before_loading_are_those_llama_cpp_makes():

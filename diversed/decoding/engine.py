@@ -29,7 +29,7 @@ from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.schedule import SpeedModel
 from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
-from diversed.verify import Verification, total_variation
+from diversed.verify import Verification
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
 # string (the round's token that completed it included), or None: a stop string never appeared.
@@ -38,18 +38,13 @@ StopFn = Callable[[list[int], int], int | None]
 
 @dataclass
 class Generation:
-    """The new tokens of each prompt, per-sequence statistics, and the totals of the run.
-
-    bonus[i][j] is True where token j of sequence i was drawn from the target's p after a fully kept round,
-    not from the rule's verification target (training needs to tell them apart). profile: seconds per
+    """The new tokens of each prompt, per-sequence statistics, and the totals of the run. profile: seconds per
     phase of the rounds (diversed.decoding.profile)."""
 
     tokens: list[list[int]]
-    bonus: list[list[bool]]
     stats: list[SequenceStats]
     wall_time: float
     profile: dict[str, float]
-    traces: list[Trace] | None = None  # with decode(trace=True): what the verifier saw at each token
 
     def summary(self) -> dict:
         return summarize(self.stats, self.wall_time)
@@ -73,7 +68,7 @@ def decode(
     seed: int = 0,
     profile: bool = False,
     on_tokens: Callable[[int, list[int]], None] | None = None,
-    trace: bool = False,
+    on_round: Callable[[int, Round, int, int], None] | None = None,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
@@ -87,8 +82,8 @@ def decode(
     per-phase times of Generation.profile exact on a GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
-    trace: keep, for every new token, what the verifier saw there (Generation.traces; the "dynamic" and
-    "diversed" methods with a draft length that never falls to 0, i.e. not the auto schedule).
+    on_round(i, round, row, count): called after each speculative round with prompt i's row in the Round
+    (what the verifier saw) and how many tokens it emitted (a trainer's capture: diversed.head.train).
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
@@ -108,16 +103,15 @@ def decode(
                   profile=profile)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
-                trace=Trace() if trace else None)
+                None if on_round is None else lambda job, result, row, count, i=i: on_round(i, result, row, count))
             for i, p in enumerate(prompts)]
     for job in jobs:
         batch.add(job)
     while batch.jobs:
         batch.step()
     batch.close()
-    return Generation([j.tokens for j in jobs], [j.bonus for j in jobs], [j.stats for j in jobs],
-                      time.perf_counter() - batch.start, batch.clock.report(),
-                      [j.trace for j in jobs] if trace else None)
+    return Generation([j.tokens for j in jobs], [j.stats for j in jobs], time.perf_counter() - batch.start,
+                      batch.clock.report())
 
 
 @dataclass(eq=False)
@@ -127,19 +121,19 @@ class Job:
     on_tokens(job, new) is called from the decoding loop with each round's new tokens (cut at EOS, the
     length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled, or
     failed: `error` says why); job.stats.finish_reason says whether it is done ("eos", "stop", "length",
-    "cancelled" or "error"). With a Trace in `trace`, each emitted token's verifier inputs are kept there.
-    Set `cancelled` from any thread: the job leaves the batch before the next round."""
+    "cancelled" or "error"). on_round(job, round, row, count) is called after each speculative round with the
+    job's row of the Round and the tokens it emitted (what a trainer keeps). Set `cancelled` from any thread:
+    the job leaves the batch before the next round."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
     max_new_tokens: int = 128
     stop: StopFn | None = None
     on_tokens: Callable[[Job, list[int]], None] | None = None
+    on_round: Callable[[Job, Round, int, int], None] | None = None
     cancelled: bool = False
-    trace: Trace | None = None
     error: str = ""
     tokens: list[int] = field(default_factory=list)
-    bonus: list[bool] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
     started: float = 0.0
 
@@ -154,14 +148,12 @@ class Job:
         if self.on_tokens is not None:
             self.on_tokens(self, [])
 
-    def emit(self, new: list[int], eos: set[int], last_is_bonus: bool = False, kept: int = 0, drafted: int = 0
-             ) -> bool:
+    def emit(self, new: list[int], eos: set[int], kept: int = 0, drafted: int = 0) -> bool:
         """Append a round's new tokens (its `kept` drafts of `drafted`, then the next token), cut at EOS, the
         length limit or a stop string; True if the job is finished."""
         added = []
-        for i, token in enumerate(new):
+        for token in new:
             added.append(token)
-            self.bonus.append(last_is_bonus and i == len(new) - 1)
             if token in eos:
                 self.stats.finish_reason = "eos"
                 break
@@ -173,8 +165,9 @@ class Job:
         if not self.finished and self.stop is not None and (end := self.stop(self.tokens, start)) is not None:
             self.stats.finish_reason = "stop"
             # A round can write past the token that completed the stop string: end there, so the counts
-            # (new tokens, tau, tokens/s, a server's usage) and the trace cover what a plain decode writes.
-            del self.tokens[end:], self.bonus[end:], added[end - start:]
+            # (new tokens, tau, tokens/s, a server's usage) and a trainer's capture cover what a plain decode
+            # writes.
+            del self.tokens[end:], added[end - start:]
         self.stats.new_tokens = len(self.tokens)
         self.stats.count_deciders(len(added), kept, drafted)
         if self.finished:
@@ -227,9 +220,6 @@ class Batch:
                 raise ValueError(f"method {policy.method.label!r} reads the draft model's hidden states, which "
                                  f"drafter {self.drafter.name!r} does not have: use drafter 'model' or 'auto' with a "
                                  "draft model")
-        if job.trace is not None and (policy.method.rule != "dynamic" or self.draft_length.schedule == "auto"):
-            raise ValueError("a trace keeps the head's inputs at every token: it needs a dynamic or diversed method "
-                             "and a draft length that never falls to 0 (not the auto schedule)")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
         if self.drafter is not None and self.drafter.draft_model is not None:  # every row rides in its forwards
             _check_prompt(self.drafter.draft_model, "draft", job.prompt, job.max_new_tokens,
@@ -307,9 +297,9 @@ class Batch:
             job.stats.add_round(drafted, kept, proposal.forwards, source)
             if not _failed(job, groups, row):
                 written = len(job.tokens)
-                job.emit(new, self.eos, last_is_bonus=kept == drafted, kept=kept, drafted=drafted)
-                if job.trace is not None:
-                    job.trace.add(result, row, len(job.tokens) - written)
+                job.emit(new, self.eos, kept=kept, drafted=drafted)
+                if job.on_round is not None:
+                    job.on_round(job, result, row, len(job.tokens) - written)
         if speed is None:
             # Only rows that drafted give a verdict (a row of the target alone drafts nothing); from the length
             # asked for, since a cut-off is no verdict either.
@@ -394,37 +384,6 @@ class Round:
     p: Tensor
     h_draft: Tensor | None  # [B, n', d_draft]
     h_target: Tensor | None  # [B, n' + 1, d_target]
-
-
-@dataclass
-class Trace:
-    """What the verifier saw at each token a job emitted: the draft's and the target's last hidden states that
-    predicted it, p(y) and q(y) as the rule used them, and TV(q, p). Training keeps its rollouts this way
-    instead of running both models over them again. A bonus token (drawn from p after a fully kept round)
-    had no draft: there the draft's state is zeros, q(y) is p(y) and TV is 0 (Job.bonus tells which)."""
-
-    parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
-
-    def add(self, result: Round, row: int, count: int) -> None:
-        """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
-        if count == 0:
-            return
-        kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
-        tokens = torch.cat([result.drafts[row, :kept], result.verdict.next_token[row:row + 1]])[:count]
-        scored = min(count, drafted)  # a bonus token, if any, is the last
-        p, q = result.p[row, :count], result.q[row, :scored]
-        p_y = p.gather(-1, tokens.to(p.device)[:, None]).squeeze(-1)
-        q_y = torch.cat([q.gather(-1, tokens[:scored].to(q.device)[:, None]).squeeze(-1), p_y[scored:]])
-        tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
-        h_draft = result.h_draft[row, :scored]
-        h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
-        self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv))
-
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y and tv [T] over the job's T tokens."""
-        if not self.parts:
-            raise ValueError("the trace is empty: the job emitted no token")
-        return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
 
 
 def speculative_round(target: Rows, pending: list[list[int]], proposal: Proposal, groups: Groups,

@@ -2,7 +2,7 @@
 
 A step's rollouts are its `prompts_per_step x samples_per_prompt` completions, sampled together by
 speculative decoding with the head of that time, which keeps what the verifier saw at each token
-(diversed.decoding.engine.Trace; diversed.head.train). They are kept flat over the generated tokens (no
+(diversed.head.train.Trace). They are kept flat over the generated tokens (no
 padding): for each token what the loss needs (the head's inputs, the token, p_t(y_t), q_t(y_t),
 TV(q_t, p_t), whether it was a bonus token, the sampling head's w_t, the completion it belongs to) and for
 each completion its reward and advantage. Bonus tokens had no draft and no w: the loss and the statistics

@@ -5,7 +5,7 @@ One step:
   1. rollouts: for each of `prompts_per_step` prompts, `samples_per_prompt` completions, all decoded together,
      sampled from the ensemble nu_t = w_t p_t + (1 - w_t) q_t by speculative decoding with the "dynamic" rule
      and the current head (every emitted token but the bonus tokens is distributed exactly as nu_t);
-     the decoding keeps, at every emitted token, what the verifier saw there (diversed.decoding.engine.Trace):
+     the decoding keeps, at every emitted token, what the verifier saw there (Trace, through on_round):
      both models' hidden states, p_t(y_t), q_t(y_t) and TV(q_t, p_t), so the models never run again for it
      (a teacher-forced pass over the completions took as long as sampling them);
   2. rewards R(y) from the task, and advantages R - b, b the mean reward of the other samples of the prompt;
@@ -28,16 +28,17 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 from tqdm import tqdm
 
-from diversed.decoding.engine import decode
+from diversed.decoding.engine import Round, decode
 from diversed.folders import changed_settings, check_writable
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
@@ -47,6 +48,7 @@ from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_o
 from diversed.models.loading import Pair
 from diversed.request import DraftLength, Method, Sampling
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
+from diversed.verify import total_variation
 
 
 class Task(Protocol):
@@ -138,6 +140,39 @@ def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examp
     return rollouts
 
 
+@dataclass
+class Trace:
+    """What the verifier saw at each token a job emitted: the draft's and the target's last hidden states that
+    predicted it, p(y) and q(y) as the rule used them, and TV(q, p). Training keeps its rollouts this way
+    instead of running both models over them again, through decode's on_round. A bonus token (drawn from p
+    after a fully kept round, not from the rule's target) had no draft: there the draft's state is zeros,
+    q(y) is p(y), TV is 0, and `bonus` is true."""
+
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+
+    def add(self, result: Round, row: int, count: int) -> None:
+        """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
+        if count == 0:
+            return
+        kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
+        tokens = torch.cat([result.drafts[row, :kept], result.verdict.next_token[row:row + 1]])[:count]
+        scored = min(count, drafted)  # a bonus token, if any, is the last
+        p, q = result.p[row, :count], result.q[row, :scored]
+        p_y = p.gather(-1, tokens.to(p.device)[:, None]).squeeze(-1)
+        q_y = torch.cat([q.gather(-1, tokens[:scored].to(q.device)[:, None]).squeeze(-1), p_y[scored:]])
+        tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
+        h_draft = result.h_draft[row, :scored]
+        h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
+        bonus = torch.arange(count, device=p_y.device) >= scored
+        self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv, bonus))
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y, tv and bonus [T] over the job's T tokens."""
+        if not self.parts:
+            raise ValueError("the trace is empty: the job emitted no token")
+        return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
+
+
 def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
              config: TrainConfig, sampling: Sampling, seed: int) -> Rollouts:
     """Sample samples_per_prompt completions of each prompt in one decode call, keeping what the verifier saw at
@@ -145,16 +180,20 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     started = time.perf_counter()
     k = config.samples_per_prompt
     batch = [p for p in prompt_ids for _ in range(k)]
+    # A constant draft length: every round is speculative, so the traces cover every token.
+    traces = [Trace() for _ in batch]
     generation = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
                         draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
-                        stop=stop_checker(pair.tokenizer, task.stop), trace=True)
+                        stop=stop_checker(pair.tokenizer, task.stop),
+                        on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
     device = pair.target.device
-    h_draft, h_target, p_y, q_y, tv = (torch.cat(column).to(device) for column in zip(
-        *(trace.tensors() for trace in generation.traces), strict=True))
-    bonus = torch.tensor([b for row in generation.bonus for b in row], device=device)
+    kept = [trace.tensors() for trace in traces]
+    if any(len(k[0]) != len(t) for k, t in zip(kept, generation.tokens, strict=True)):
+        raise RuntimeError("a trace missed tokens of its completion: every round must be speculative")
+    h_draft, h_target, p_y, q_y, tv, bonus = (torch.cat(column).to(device) for column in zip(*kept, strict=True))
     h_draft, h_target = h_draft.half(), h_target.half()
     if not (h_draft.isfinite().all() and h_target.isfinite().all()):
         raise ValueError("the models' hidden states overflow float16, the rollouts' storage type")
