@@ -3,7 +3,7 @@
 import pytest
 
 from diversed.decoding.profile import PHASES, profile_table
-from diversed.decoding.schedule import SpeedModel, expected_tokens_per_round
+from diversed.decoding.schedule import COSTS_FILE, CostMemory, SpeedModel, expected_tokens_per_round
 from diversed.request import DraftLength
 
 
@@ -110,31 +110,26 @@ def test_profile_table_lists_every_phase_and_the_total():
 
 
 @pytest.fixture
-def fresh_costs(monkeypatch, tmp_path):
-    """An empty cache folder and no costs remembered in this process."""
-    import diversed.decoding.schedule as schedule
-
-    monkeypatch.setenv("DIVERSED_CACHE", str(tmp_path))
-    monkeypatch.setattr(schedule, "_costs_path", lambda: tmp_path / schedule.COSTS_FILE)
-    monkeypatch.setattr(SpeedModel, "_remembered", {})
-    monkeypatch.setattr(SpeedModel, "_loaded_from_disk", False)
-    return tmp_path
+def fresh_costs(tmp_path):
+    """An empty memory of costs, kept in a file of its own."""
+    return CostMemory(tmp_path / COSTS_FILE)
 
 
 def test_costs_of_named_models_outlive_the_process(fresh_costs):
     model = observed([5, 5], step=0.01, verify={3: 0.1})
     model.observe_plain(0.05)
-    model.remember(("target.gguf", "draft.gguf", 1))
-    model.remember((1234, 5678, 1))  # models known only by id(): this process only
-    SpeedModel.save()
-    assert (fresh_costs / "speed-costs.json").is_file()
-    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False  # as a new process finds it
-    later = SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8)
+    fresh_costs.keep(("target.gguf", "draft.gguf", 1), model)
+    fresh_costs.keep((1234, 5678, 1), model)  # models known only by id(): this process only
+    fresh_costs.save()
+    assert fresh_costs.path.is_file()
+    later_process = CostMemory(fresh_costs.path)
+    later = later_process.speed_model(("target.gguf", "draft.gguf", 1), 8)
     assert later.verify_time(3) == pytest.approx(model.verify_time(3)) and later.draft_steps
     assert 1 not in later.width and not later.timed  # a step of the target alone is timed afresh
     later.observe_plain(0.04)
     assert later.timed and later.verify_time(1) == pytest.approx(0.04)
-    assert not SpeedModel.for_models((1234, 5678, 1), 8).timed
+    assert not later_process.speed_model((1234, 5678, 1), 8).timed
+    assert fresh_costs.speed_model((1234, 5678, 1), 8).verify_time(3) == pytest.approx(model.verify_time(3))
 
 
 def test_widths_timed_by_copying_alone_are_remembered(fresh_costs):
@@ -143,23 +138,21 @@ def test_widths_timed_by_copying_alone_are_remembered(fresh_costs):
     model = SpeedModel(maximum=8)
     model.observe_plain(0.03)
     model.observe_copied(3, 0.06)
-    model.remember(("target.gguf", "", 1))
-    SpeedModel.save()
-    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
-    later = SpeedModel.for_models(("target.gguf", "", 1), 8)
+    fresh_costs.keep(("target.gguf", "", 1), model)
+    fresh_costs.save()
+    later = CostMemory(fresh_costs.path).speed_model(("target.gguf", "", 1), 8)
     later.observe_plain(0.03)
     assert later.verify_time(3) == pytest.approx(0.06) and not later.draft_steps
 
 
 def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
-    (fresh_costs / "speed-costs.json").write_text("{not json")
-    assert not SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).timed
+    fresh_costs.path.write_text("{not json")
+    assert not fresh_costs.speed_model(("target.gguf", "draft.gguf", 1), 8).timed
     model = observed([5, 5], step=0.01, verify={3: 0.1})
     model.observe_plain(0.05)
-    model.remember(("target.gguf", "draft.gguf", 1))
-    SpeedModel.save()  # replaces the broken file
-    SpeedModel._remembered, SpeedModel._loaded_from_disk = {}, False
-    assert SpeedModel.for_models(("target.gguf", "draft.gguf", 1), 8).draft_steps
+    fresh_costs.keep(("target.gguf", "draft.gguf", 1), model)
+    fresh_costs.save()  # replaces the broken file
+    assert CostMemory(fresh_costs.path).speed_model(("target.gguf", "draft.gguf", 1), 8).draft_steps
 
 
 def test_a_width_timed_slow_once_is_bounded_and_then_forgotten():

@@ -27,7 +27,7 @@ from diversed.decoding.drafters import Drafter, Proposal, SuffixCache, make_draf
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
-from diversed.decoding.schedule import SpeedModel
+from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel
 from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
 from diversed.verify import Verification
 
@@ -110,6 +110,7 @@ def decode(
     while batch.jobs:
         batch.step()
     batch.close()
+    batch.costs.save()  # for later processes
     return Generation([j.tokens for j in jobs], [j.stats for j in jobs], time.perf_counter() - batch.start,
                       batch.clock.report())
 
@@ -187,8 +188,9 @@ class Batch:
     thread); `Job.cancelled` is the one field other threads may set."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, draft_length: DraftLength = DraftLength(),
-                 eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False) -> None:
-        self.target, self.drafter, self.draft_length = target, drafter, draft_length
+                 eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False,
+                 costs: CostMemory = COSTS) -> None:
+        self.target, self.drafter, self.draft_length, self.costs = target, drafter, draft_length, costs
         self.eos = set(eos_token_ids)
         self.jobs: list[Job] = []
         self.capacity = capacity
@@ -264,10 +266,9 @@ class Batch:
         return left + self._drop([job.finished for job in self.jobs])
 
     def close(self) -> None:
-        """Keep the measured costs for later batches of the same models (the auto schedule), on disk too."""
+        """Hand the measured costs (the auto schedule's) to `costs`, for later batches of the same models."""
         if self.speed is not None:
-            self.speed.remember(self._costs_key)
-            SpeedModel.save()
+            self.costs.keep(self._costs_key, self.speed)
 
     def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
         before = self.clock.seconds["target forward"]
@@ -323,9 +324,9 @@ class Batch:
         draft = self.drafter.draft_model
         key = (_cost_identity(self.target), "" if draft is None else _cost_identity(draft), len(self.jobs))
         if self.speed is None or (self._joined and key != self._costs_key):
-            fresh = SpeedModel.for_models(key, self.draft_length.maximum)
+            fresh = self.costs.speed_model(key, self.draft_length.maximum)
             if self.speed is not None:
-                self.speed.remember(self._costs_key)
+                self.costs.keep(self._costs_key, self.speed)
                 fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections
             elif fresh.timed:  # with costs known from an earlier batch, even the first round is chosen
                 fresh.draft_length = fresh.best_length()

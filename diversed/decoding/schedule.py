@@ -59,47 +59,6 @@ class SpeedModel:
         self.draft_length = 0  # the draft model's next round (best_length after each round)
         self.probe_interval = probe_every  # plain rounds before the next probe
 
-    # Costs measured by earlier calls, per (target, draft, rows): a later call starts from them. Keys made of
-    # strings (a model's `cost_identity`: its file, size and threads) are also saved on disk (COSTS_FILE, per
-    # machine), so that a new process starts from them too; others (id()s) live as long as the process.
-    _remembered: dict[tuple, tuple[dict[int, list[float]], float, float, float | None]] = {}
-    _loaded_from_disk = False
-
-    @classmethod
-    def for_models(cls, key: tuple, maximum: int) -> SpeedModel:
-        """A speed model whose costs start from what earlier calls with the same key measured (each width
-        and the draft step weighing as one observation, so this call's own soon dominate), but a step of the
-        target alone, which every call times afresh: every choice is weighed against it, a remembered one that
-        was slow (a machine busy then) would never be retimed, and timing it costs nothing (it is what the
-        call does without drafts)."""
-        if not cls._loaded_from_disk:
-            cls._loaded_from_disk = True
-            cls._remembered.update(_read_costs())
-        model = cls(maximum)
-        if key in cls._remembered:
-            widths, draft_time, draft_steps, catch_up = cls._remembered[key]
-            model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items() if k != 1}
-            if draft_steps:  # none where only copying drafters drafted
-                model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
-            if catch_up is not None:
-                model.catch_up_tokens, model.catch_up_seconds = 1.0, catch_up
-        return model
-
-    def remember(self, key: tuple) -> None:
-        """Keep this call's costs for the next call with the same key, in this process (save() writes them)."""
-        if self.width:  # copying drafters time verify widths with no draft step: those are kept too
-            self._remembered.pop(key, None)  # the most recent last
-            catch_up = self.catch_up_seconds / self.catch_up_tokens if self.catch_up_tokens else None
-            self._remembered[key] = ({k: list(v) for k, v in self.width.items()}, self.draft_time, self.draft_steps,
-                                     catch_up)
-
-    @classmethod
-    def save(cls) -> None:
-        """Write the remembered costs of keys of strings (models named by a cost identity) to the cache folder,
-        for later processes; once per decoding call, never between rounds."""
-        if any(_lasting(k) for k in cls._remembered):
-            _write_costs({k: v for k, v in cls._remembered.items() if _lasting(k)})
-
     @property
     def timed(self) -> bool:
         """Whether the costs are known well enough to choose the first round's length."""
@@ -211,20 +170,70 @@ class SpeedModel:
         return 0
 
 
+Costs = tuple[dict[int, list[float]], float, float, float | None]  # widths, draft time and steps, catch-up
+
+
+class CostMemory:
+    """Costs measured by earlier decoding calls, per (target, draft, rows): a later call's speed model starts
+    from them. Keys made of strings (a model's `cost_identity`: its file, size and threads) are also kept on
+    disk (`path`, one entry per machine), so that a new process starts from them too; others (id()s) live as
+    long as this memory. COSTS is the one `diversed generate`, decode() and the server share."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path  # None: the cache folder's COSTS_FILE, read when first needed
+        self.kept: dict[tuple, Costs] = {}
+        self._read = False
+
+    def speed_model(self, key: tuple, maximum: int) -> SpeedModel:
+        """A speed model whose costs start from what earlier calls with the same key measured (each width
+        and the draft step weighing as one observation, so this call's own soon dominate), but a step of the
+        target alone, which every call times afresh: every choice is weighed against it, a remembered one that
+        was slow (a machine busy then) would never be retimed, and timing it costs nothing (it is what the
+        call does without drafts)."""
+        if not self._read:
+            self._read = True
+            self.kept.update(_read_costs(self._file()))
+        model = SpeedModel(maximum)
+        if key in self.kept:
+            widths, draft_time, draft_steps, catch_up = self.kept[key]
+            model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items() if k != 1}
+            if draft_steps:  # none where only copying drafters drafted
+                model.draft_time, model.draft_steps = draft_time / draft_steps, 1.0
+            if catch_up is not None:
+                model.catch_up_tokens, model.catch_up_seconds = 1.0, catch_up
+        return model
+
+    def keep(self, key: tuple, model: SpeedModel) -> None:
+        """Keep a call's costs for the next call with the same key (save() writes them to disk)."""
+        if model.width:  # copying drafters time verify widths with no draft step: those are kept too
+            self.kept.pop(key, None)  # the most recent last
+            catch_up = model.catch_up_seconds / model.catch_up_tokens if model.catch_up_tokens else None
+            self.kept[key] = ({k: list(v) for k, v in model.width.items()}, model.draft_time, model.draft_steps,
+                              catch_up)
+
+    def save(self) -> None:
+        """Write the kept costs of keys of strings (models named by a cost identity) to disk, for later
+        processes; once per decoding call, never between rounds."""
+        if any(_lasting(k) for k in self.kept):
+            _write_costs(self._file(), {k: v for k, v in self.kept.items() if _lasting(k)})
+
+    def _file(self) -> Path:
+        return self.path or cache_dir() / COSTS_FILE
+
+
+COSTS = CostMemory()
+
+
 def _lasting(key: tuple) -> bool:
     """Whether costs of this key outlive the process: both models named by a cost identity (strings)."""
     return isinstance(key[0], str) and isinstance(key[1], str)
 
 
-def _costs_path() -> Path:
-    return cache_dir() / COSTS_FILE
-
-
-def _read_costs() -> dict[tuple, tuple[dict[int, list[float]], float, float, float | None]]:
+def _read_costs(path: Path) -> dict[tuple, Costs]:
     """This machine's remembered costs from the cache folder; nothing if the file is missing or unreadable
     (it only ever saves a few rounds of measuring)."""
     try:
-        stored = json.loads(_costs_path().read_text())[platform.node()]
+        stored = json.loads(path.read_text())[platform.node()]
         return {tuple(entry["key"]): ({int(k): [float(w), float(t)] for k, (w, t) in entry["widths"].items()},
                                       float(entry["draft_time"]), float(entry["draft_steps"]),
                                       None if entry.get("catch_up") is None else float(entry["catch_up"]))
@@ -233,9 +242,8 @@ def _read_costs() -> dict[tuple, tuple[dict[int, list[float]], float, float, flo
         return {}
 
 
-def _write_costs(costs: dict[tuple, tuple[dict[int, list[float]], float, float, float | None]]) -> None:
+def _write_costs(path: Path, costs: dict[tuple, Costs]) -> None:
     """Replace this machine's entry of the costs file (written beside it, then renamed: never half written)."""
-    path = _costs_path()
     try:
         everything = json.loads(path.read_text())
         everything = everything if isinstance(everything, dict) else {}

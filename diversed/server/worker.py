@@ -81,6 +81,7 @@ class Worker:
                     self._wake.wait()
                 if self._stopping and not self._waiting and not self.batch.jobs:
                     self.batch.close()
+                    self.batch.costs.save()
                     return
                 joining = []
                 while self._waiting and len(self.batch.jobs) + len(joining) < self.batch.capacity:
