@@ -254,7 +254,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
         n = len(out.tokens[row])
         assert all(len(part) == n for part in kept) and 0 < scores.sum()
         expected = (h_d[row, :n], h_t[row, :n], p_y[row, :n], q_y[row, :n], tv[row, :n])
-        for name, mine, theirs in zip(("h_draft", "h_target", "p_y", "q_y", "tv"), kept, expected, strict=True):
+        for name, mine, theirs in zip(("h_draft", "h_target", "p_y", "q_y", "tv"), kept[:5], expected, strict=True):
             torch.testing.assert_close(mine[scores], theirs[scores], atol=atol, rtol=1e-3, msg=name)
         torch.testing.assert_close(kept[1], h_t[row, :n], atol=atol, rtol=1e-3)
         torch.testing.assert_close(kept[2], p_y[row, :n], atol=atol, rtol=1e-3)

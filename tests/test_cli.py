@@ -72,7 +72,7 @@ def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     (["--method", "static"], "needs weight"),
     (["--method", "static:1.5"], "weight must be in"),
     (["--temperature", "-1"], "temperature"),
-    (["--draft-len", "0"], "draft length"),
+    (["--draft-len", "0"], "--draft-len"),
     (["--method", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
 ])
 def test_generate_refuses_bad_options(models, capsys, args, message):

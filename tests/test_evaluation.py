@@ -213,7 +213,7 @@ REFUSED = {  # what is wrong: (methods, settings, the error's words)
     "negative temperature": ("exact", {"temperature": -1.0}, "temperature"),
     "NaN temperature": ("exact", {"temperature": float("nan")}, "temperature"),
     "infinite temperature": ("exact", {"temperature": float("inf")}, "finite"),
-    "draft length 0": ("exact", {"draft_len": 0}, "draft length"),
+    "draft length 0": ("exact", {"draft_len": 0}, "draft_length"),
     "draft confidence 1": ("exact", {"draft_confidence": 1.0}, "confidence"),
     "a split the task does not have": ("exact", {"split": "tset"}, "no examples in split 'tset'"),
 }

@@ -98,7 +98,7 @@ def test_a_single_verify_length_is_taken_as_flat_and_the_prior_keeps_acceptance_
 def test_auto_schedule_may_start_above_the_first_length_but_constant_needs_no_maximum():
     assert DraftLength(20).longest == 20  # transformers' default length is allowed as a constant
     assert DraftLength(3, "auto").longest == 16
-    with pytest.raises(ValueError, match="draft length"):
+    with pytest.raises(ValueError, match="draft_length"):
         DraftLength(20, "auto")
 
 
