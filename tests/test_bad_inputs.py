@@ -100,7 +100,8 @@ GENERATE = [
     *[(["--method", "typical", "--delta", v], "delta") for v in ("0", "-1", "nan", "inf")],
     *[(["--method", m], e) for m, e in (
         ("banana", "method must be one of"), ("", "method must be one of"), ("static", "needs weight"),
-        ("static:abc", "cannot read --method"), ("static:nan", "weight must be in"), ("static:inf", "weight must be in"),
+        ("static:abc", "cannot read --method"), ("static:nan", "weight must be in"),
+        ("static:inf", "weight must be in"),
         ("static:-0.1", "weight must be in"), ("static:1.5", "weight must be in"), ("lossy:1", "lenience"),
         ("lossy:-0.5", "lenience"), ("cascade-opt:2", "alpha"), ("cascade-chow:nan", "alpha"),
         ("cascade-token:-1", "alpha"), ("typical:0", "epsilon"), ("typical:-1", "epsilon"),
