@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 from machine import describe
 from speed import forward_costs
+from transformers import AutoTokenizer
 
+from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
@@ -32,7 +34,7 @@ from diversed.text import encode_prompt
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "float16", "bfloat16"])
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
@@ -42,8 +44,8 @@ def main() -> None:
     args = parser.parse_args()
 
     pairs = {dtype: load_pair(backend="transformers", dtype=dtype, draft_int8=args.draft_int8) for dtype in args.dtypes}
-    prompt = encode_prompt(next(iter(pairs.values())).tokenizer,
-                           get_task("humaneval").examples("test", limit=1)[0].prompt)
+    tokenizer = AutoTokenizer.from_pretrained(prepare_default_pair(progress=False)[1])
+    prompt = encode_prompt(tokenizer, get_task("humaneval").examples("test", limit=1)[0].prompt)
     draft_lens = [k - 1 for k in args.widths if k > 1]
     medians: dict[str, dict[str, float]] = {dtype: {} for dtype in pairs}
     for _ in range(args.repeats):  # the dtypes take turns, so that a slow spell hits all of them alike
@@ -55,9 +57,10 @@ def main() -> None:
     machine = describe()
     columns = ["target_step", *(f"verify_{k}" for k in args.widths if k > 1), "draft_step"]
     print(f"\n{machine}; {args.context} tokens in the cache, medians of {args.repeats} (ms)\n")
-    print("| target dtype | " + " | ".join(["1 token", *(f"{k} tokens" for k in args.widths if k > 1),
-                                           "draft step"]) + " |")
-    print("|---" * (len(columns) + 1) + "|")
+    if pairs:
+        print("| target dtype | " + " | ".join(["1 token", *(f"{k} tokens" for k in args.widths if k > 1),
+                                               "draft step"]) + " |")
+        print("|---" * (len(columns) + 1) + "|")
     for dtype, row in medians.items():
         print(f"| {dtype} | " + " | ".join(f"{row[c]:.0f}" for c in columns) + " |")
     report = {"machine": machine, "context": args.context, "draft_int8": args.draft_int8, "ms": medians}

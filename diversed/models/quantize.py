@@ -9,7 +9,7 @@ precision never changes what lossless verification writes, only how often drafts
 
 int8 quantizes each token's activations with a scale of its own (Int8Linear) and accumulates in exact
 integers, so that a row's output never depends on the other rows of a batch. torch.ao's dynamic int8 layer
-shares one activation scale over the whole batch: a row's draft distribution changed with its company.
+takes one activation range over the whole call: a row's draft distribution changed with its company.
 
 torch.ao's dynamic quantization is deprecated in favour of torchao, which has no fast eager CPU path for
 these yet; the pinned torch still ships it, and this module is the one place to change when it goes.
@@ -28,25 +28,31 @@ WEIGHT_TYPES = ("float16", "int8")
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W in int8 per output channel and x in int8 per token (symmetric scales, max-abs
-    over 127), multiplied with integer accumulation (torch._int_mm) and rescaled in float32. Each token's
-    output depends on that token alone, however many rows a call holds."""
+    """y = x W^T + b in int8: W per output channel, x per token (each token divided by its own max-abs over
+    127), multiplied by FBGEMM's dynamic int8 kernel (exact integer accumulation), then each row multiplied
+    back by its token's scale. FBGEMM picks one activation range for a whole call, from its min and max, which
+    would make a row depend on its company: an anchor row holding +127 and -127 fixes that range to the same
+    [-127, 127] for every call, so each token's output depends on that token alone, however many rows a call
+    holds (the anchor's output is dropped)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight_t", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t()
-                             .contiguous())  # [in, out], as _int_mm takes it
-        self.register_buffer("weight_scale", scale)
+        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        quantized = torch.quantize_per_channel(weight, scale.double(), torch.zeros(len(scale), dtype=torch.long),
+                                               0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(quantized, None)  # the bias is added after rescaling
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        anchor = torch.zeros(1, self.in_features)
+        anchor[0, 0], anchor[0, -1] = 127.0, -127.0
+        self.register_buffer("anchor", anchor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
         scale = flat.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / 127
-        quantized = (flat / scale).round().clamp(-127, 127).to(torch.int8)
-        out = torch._int_mm(quantized, self.weight_t).float() * scale * self.weight_scale
+        rows = torch.cat([flat / scale, self.anchor])
+        out = torch.ops.quantized.linear_dynamic(rows, self._packed)[:-1] * scale
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
