@@ -226,6 +226,8 @@ def _generate(args: argparse.Namespace) -> int:
                             top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
                             max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
                             seed=args.seed)
+    if method.name == "diversed":
+        head_folder(method.head)  # its files only: a missing head is refused before the models load
     if args.system is not None and not args.system.strip():
         raise ValueError("--system is empty")
     if args.stream and (args.json or args.batch_size > 1):

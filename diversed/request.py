@@ -13,9 +13,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from diversed.head.names import head_folder
-from diversed.text import check_encodable
-
 
 class RequestError(ValueError):
     """A value of a request that cannot be used. `field` is the request's own name for it (generate()'s
@@ -330,7 +327,8 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
                   seed: int = 0
                   ) -> Request:
     """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
-    model loads): a RequestError names the argument, the value and what is accepted."""
+    model loads): a RequestError names the argument, the value and what is accepted. A head is a name here:
+    whoever loads it finds it (diversed.head.names.head_folder, cheap enough to call first)."""
     prompts = [prompts] if isinstance(prompts, str) else prompts
     if not isinstance(prompts, Sequence) or not prompts:
         raise RequestError("prompt", f"{{}}s must be a non-empty list of strings, got {_show(prompts)}")
@@ -343,8 +341,6 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
         if not isinstance(method, str):
             raise RequestError("method", f"{{}} must be a string like 'exact' or 'static:0.7', got {_show(method)}")
         method = Method.parse(method)
-    if method.name == "diversed":
-        head_folder(method.head)
     if drafter not in DRAFTERS:
         raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(drafter)}")
     if method.name == "diversed" and drafter in ("lookup", "suffix"):
@@ -368,6 +364,16 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
     return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
                    stop)
+
+
+def check_encodable(name: str, text: str) -> None:
+    """ValueError naming the input if UTF-8 cannot encode it (a lone surrogate, which JSON and a shell's
+    non-UTF-8 bytes can carry): a tokenizer would fail on it later, with a less helpful error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} holds {text[error.start:error.end]!r} at character {error.start}, which is not "
+                         "text (a lone surrogate); it cannot be encoded") from None
 
 
 def _check_text(field: str, name: str, text) -> None:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from diversed.decoding.engine import StopFn
+from collections.abc import Callable, Sequence
 
 
-def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
+def stop_checker(tokenizer, stop: Sequence[str]) -> Callable[[list[int], int], int | None] | None:
     """A stop function for the decoding loop (StopFn): after a round appended tokens[start:], the number of
     tokens with which the text first holds a stop string, or None. It decodes the new tokens and, before
     them, enough to hold a stop string's beginning (a token is at least one byte), never the whole answer."""
@@ -25,16 +21,6 @@ def stop_checker(tokenizer, stop: Sequence[str]) -> StopFn | None:
                     if any(s in tokenizer.decode(tokens[base:end]) for s in stop))
 
     return find
-
-
-def check_encodable(name: str, text: str) -> None:
-    """ValueError naming the input if UTF-8 cannot encode it (a lone surrogate, which JSON and a shell's
-    non-UTF-8 bytes can carry): a tokenizer would fail on it later, with a less helpful error."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"{name} holds {text[error.start:error.end]!r} at character {error.start}, which is not "
-                         "text (a lone surrogate); it cannot be encoded") from None
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

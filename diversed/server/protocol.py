@@ -14,8 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.request import DRAFTERS, Method, RequestError, Sampling
-from diversed.text import check_encodable
+from diversed.request import DRAFTERS, Method, RequestError, Sampling, check_encodable
 
 
 class BadRequest(Exception):
