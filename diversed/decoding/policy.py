@@ -6,7 +6,7 @@ draft length among them; a server's rows, one policy per request, are verified r
 its own rule, weight and seed. Where the rows follow several policies, one whose sampling, head or rule
 raises fails its own rows only (`failed`): the others' round goes on.
 
-A request's result does not depend on its company. Each round, a policy's random stream gives two fresh
+A request's draws do not depend on its company. Each round, a policy's random stream gives two fresh
 streams of the round, one for drafting and one for the target's tokens (verification, a step of the target
 alone), and each row is verified over its own drafts only: what other rows draft (longer rounds, draws past
 this row's last draft) consumes nothing this row reads later.
