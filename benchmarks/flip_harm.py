@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from head_weights import score_completions, token_kind
 from scipy.stats import mannwhitneyu
 from tqdm import tqdm
 
 from diversed.decoding.engine import decode
-from diversed.evaluation.head_weights import score_completions, token_kind
 from diversed.generation import load_head
 from diversed.models.loading import load_pair
 from diversed.request import Method, Sampling

@@ -1,5 +1,5 @@
 """Where trained DIVERSED heads are strict and where they are lenient: their w by kind of token and by how much
-the models disagree, on completions of held-out prompts (diversed.evaluation.head_weights).
+the models disagree, on completions of held-out prompts (benchmarks/head_weights.py).
 
 The completions are those of one method of a finished evaluation (default: exact, i.e. the target's own
 distribution), so every head is read on the same text; without --results, held-out prompts are completed

@@ -1,5 +1,5 @@
-"""Tests for diversed.theory: the closed forms of docs/algorithm.md section 2.6, checked against direct computation
-and against simulation with diversed.verify (fixed seeds, so deterministic)."""
+"""Tests for the closed forms (tests/closed_forms.py) of docs/algorithm.md section 2.6, checked against direct
+computation and against simulation with diversed.verify (fixed seeds, so deterministic)."""
 
 from __future__ import annotations
 
