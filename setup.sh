@@ -23,15 +23,16 @@ fi
 # kernels; every other CPU gets the plain native build. pip caches the wheel whatever the flags were, so a
 # cached AMX build is dropped and rebuilt.
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CPU_AMX=$(grep -qw amx_tile /proc/cpuinfo 2>/dev/null && echo 1 || true)
 llama_install() {  # pip's options
     local flags=()
-    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then flags=(CFLAGS="$NO_AMX" CXXFLAGS="$NO_AMX"); fi
+    if [ -n "$CPU_AMX" ]; then flags=(CFLAGS="$NO_AMX" CXXFLAGS="$NO_AMX"); fi
     env "${flags[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/pip install --quiet "$@" "llama-cpp-python==0.3.36"
 }
 llama_has_amx() { .venv/bin/python -c "import llama_cpp, sys
 sys.exit('AMX_INT8 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; }
 llama_install
-if grep -qw amx_tile /proc/cpuinfo 2>/dev/null && llama_has_amx; then
+if [ -n "$CPU_AMX" ] && llama_has_amx; then
     .venv/bin/pip cache remove llama_cpp_python >/dev/null 2>&1 || true
     llama_install --force-reinstall --no-deps
 fi

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diversed.decoding.drafters import SuffixCache
-from diversed.decoding.engine import decode
+from diversed.decoding.engine import context_room, decode
 from diversed.decoding.policy import WeightFn
 from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
@@ -98,7 +98,8 @@ def generate(
         batch = slice(start, start + batch_size)
         out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, method=method,
                      sampling=request.sampling, draft_length=draft_length,
-                     max_new_tokens=max_new_tokens or _room(pair, ids[batch], draft_length),
+                     max_new_tokens=max_new_tokens or max(1, context_room(
+                         (pair.target, pair.draft), max(map(len, ids[batch])), draft_length.longest)),
                      eos_token_ids=pair.eos_token_ids,
                      stop=stop_checker(tokenizer, stop),
                      weight_fn=weight_fn, seed=seed + start, profile=profile,
@@ -111,15 +112,6 @@ def generate(
             metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
             completions.append(Completion(prompt, text, tokens, metrics))
     return completions
-
-
-def _room(pair: Pair, prompts: list[list[int]], draft_length: DraftLength) -> int:
-    """The most new tokens every prompt of a batch may have: what both models' context leaves after the
-    longest prompt and a round of drafts (Batch.check refuses a prompt that leaves none)."""
-    contexts = [m.context_length for m in (pair.target, pair.draft) if m is not None and m.context_length]
-    if not contexts:
-        return 2**31
-    return max(1, min(contexts) - max(map(len, prompts)) - draft_length.longest - 1)
 
 
 def load_head(pair: Pair, head: str | None = None) -> EnsembleHead:

@@ -406,6 +406,13 @@ def speculative_round(target: Rows, pending: list[list[int]], proposal: Proposal
     return Round(drafts, out, proposal.lengths, q, p, proposal.hidden, h_target)
 
 
+def context_room(models: Sequence[Model | None], prompt_length: int, longest_round: int) -> int:
+    """The most new tokens a prompt may have: what the models' context leaves after it and a round of drafts
+    (below 1: Batch.check refuses the prompt)."""
+    contexts = [m.context_length for m in models if m is not None and m.context_length]
+    return (min(contexts) if contexts else 2**31) - prompt_length - longest_round - 1
+
+
 def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens: int, longest_round: int) -> None:
     """A prompt must fit the model's context with max_new_tokens and a round of drafts, in its vocabulary."""
     needed = len(prompt) + max_new_tokens + longest_round + 1

@@ -23,7 +23,7 @@ from jinja2 import TemplateError  # what transformers' chat templates raise, rai
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diversed.decoding.drafters import SuffixCache, make_drafter
-from diversed.decoding.engine import Batch, Job
+from diversed.decoding.engine import Batch, Job, context_room
 from diversed.decoding.policy import Policy
 from diversed.generation import load_head
 from diversed.head.model import EnsembleHead
@@ -138,7 +138,7 @@ class Server:
             weight_fn, method = self.heads[name], replace(method, head=name)
         generator = torch.Generator(device=self.pair.target.device)
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
-        room = (self.pair.target.context_length or 2**31) - len(ids) - self.drafting.longest - 1
+        room = context_room((self.pair.target, self.pair.draft), len(ids), self.drafting.longest)
         max_tokens = call.max_tokens or max(min(self.config.max_tokens or room, room), 1)
         drafter = call.drafter or self.config.drafter
         if method.name == "diversed" and drafter in ("lookup", "suffix"):
