@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-new-tokens", type=int,
                      help="at most so many new tokens (default: until the answer ends, within the context)")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument("--prediction", metavar="FILE",
+                     help="a file ('-': stdin) the answer is expected to repeat, most of it (OpenAI's Predicted "
+                          "Outputs: a file to return with one change); the auto drafter drafts from it first")
     gen.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     gen.add_argument("--system", help="a system message for the chat template")
     gen.add_argument("--batch-size", type=int, default=1)
@@ -221,11 +224,11 @@ def _generate(args: argparse.Namespace) -> int:
         method = replace(method, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
     backend = _check_load_options(args)
+    prediction = None if args.prediction is None else _read_prediction(args)
     request = check_request(_read_prompts(args), method=method, drafter=args.drafter, temperature=args.temperature,
-                            top_k=args.top_k,
-                            top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
+                            top_k=args.top_k, top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
                             max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
-                            seed=args.seed)
+                            seed=args.seed, prediction=prediction)
     if method.name == "diversed":
         head_folder(method.head)  # its files only: a missing head is refused before the models load
     if args.system is not None and not args.system.strip():
@@ -241,7 +244,8 @@ def _generate(args: argparse.Namespace) -> int:
     options = dict(method=method, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
                    draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
-                   chat=False if args.no_chat else None, system=args.system, profile=args.profile)
+                   chat=False if args.no_chat else None, system=args.system, profile=args.profile,
+                   prediction=prediction)
     if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes, then metrics
         for i, prompt in enumerate(request.prompts):
             _print_completion(generate(pair, prompt, seed=args.seed + i, **options, on_text=lambda _, piece: print(
@@ -419,6 +423,19 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     if not prompts:
         raise ValueError("no prompts on stdin")
     return prompts
+
+
+def _read_prediction(args: argparse.Namespace) -> str:
+    """--prediction's text: a file, or stdin ('-') when the prompts come from elsewhere."""
+    if args.prediction == "-":
+        if args.file is None and args.prompts in ([], ["-"]):
+            raise ValueError("--prediction - reads stdin, which then cannot hold the prompts: give them as "
+                             "arguments or with --file")
+        return _utf8(sys.stdin.buffer.read(), "standard input (--prediction -)")
+    path = Path(args.prediction)
+    if not path.is_file():
+        raise FileNotFoundError(f"--prediction {args.prediction!r}: no such file")
+    return _utf8(path.read_bytes(), f"--prediction {path}")
 
 
 def _utf8(data: bytes, source: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.drafters import SuffixCache
+from diversed.decoding.drafters import SuffixCache, prediction_tokens
 from diversed.decoding.engine import context_room, decode
 from diversed.decoding.policy import WeightFn
 from diversed.head.model import EnsembleHead
@@ -51,6 +51,7 @@ def generate(
     on_text: Callable[[int, str], None] | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     cache: SuffixCache | None = None,
+    prediction: str | Sequence[str | None] | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
     with the pair and a method ("auto", "exact", "static:0.7",
@@ -69,10 +70,14 @@ def generate(
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
     on_text(i, piece): called with prompt i's new text as it is generated (streaming); the pieces of a prompt
     join into its Completion.text. on_tokens(i, new): the same with its new token ids (progress).
+    prediction: what the answer is expected to repeat, most of it (OpenAI's Predicted Outputs: a file to be
+    returned with one change): one string for every prompt, or a list of one per prompt (None: none). The
+    "auto" drafter then drafts from it first ("prediction": from it only), and each Completion's metrics
+    count its accepted and rejected tokens as OpenAI does.
     """
     request = check_request(prompts, method=method, drafter=drafter, temperature=temperature, top_k=top_k,
                             top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop,
-                            batch_size=batch_size, seed=seed)
+                            batch_size=batch_size, seed=seed, prediction=prediction)
     prompts, method, stop = request.prompts, request.method, request.stop
     draft_length = DEFAULT_DRAFTING[pair.backend] if request.draft_length is None else request.draft_length
     if method.name == "diversed" and weight_fn is None:
@@ -84,6 +89,8 @@ def generate(
     if chat is False and any(isinstance(p, list) for p in prompts):
         raise ValueError("a conversation (chat messages) needs the chat template: not with chat=False")
     ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
+    predicted = [None if text is None else tokenizer(text, add_special_tokens=False)["input_ids"]
+                 for text in request.predictions]
 
     streams = [StreamedText(tokenizer, stop) for _ in prompts]
 
@@ -104,12 +111,16 @@ def generate(
                      stop=stop_checker(tokenizer, stop),
                      weight_fn=weight_fn, seed=seed + start, profile=profile,
                      on_tokens=None if on_text is None and on_tokens is None else
-                     lambda row, new, start=start: stream(start + row, new))
+                     lambda row, new, start=start: stream(start + row, new),
+                     predictions=predicted[batch])
         for i, (prompt, tokens, stats) in enumerate(zip(prompts[batch], out.tokens, out.stats, strict=True), start):
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
             if on_text is not None and (rest := streams[i].add([], final=True)):
                 on_text(i, rest)
             metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
+            if predicted[i] is not None:
+                accepted, rejected = prediction_tokens(predicted[i], tokens)
+                metrics |= {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
             completions.append(Completion(prompt, text, tokens, metrics))
     return completions
 

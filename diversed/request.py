@@ -147,8 +147,8 @@ class Sampling:
 
 METHODS = ("auto", *RULE_SPECS, "diversed")
 # What proposes the drafts (diversed.decoding.drafters): the speed model's choice each round, the draft model,
-# prompt lookup or the suffix cache.
-DRAFTERS = ("auto", "model", "lookup", "suffix")
+# prompt lookup, the suffix cache or the request's prediction (Predicted Outputs).
+DRAFTERS = ("auto", "model", "lookup", "suffix", "prediction")
 SCHEDULES = ("constant", "heuristic", "auto")
 
 
@@ -318,13 +318,14 @@ class Request:
     sampling: Sampling
     draft_length: DraftLength | None
     stop: tuple[str, ...]
+    predictions: list[str | None]  # one per prompt: what its answer is expected to repeat (Predicted Outputs)
 
 
 def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
                   temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
                   max_new_tokens: int | None = None, stop: str | Sequence[str] = (), batch_size: int = 1,
-                  seed: int = 0
+                  seed: int = 0, prediction: str | Sequence[str | None] | None = None
                   ) -> Request:
     """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
     model loads): a RequestError names the argument, the value and what is accepted. A head is a name here:
@@ -363,7 +364,30 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
         _check_text("stop", f"{{}} string {number}", text)
     return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
-                   stop)
+                   stop, check_predictions(prediction, len(prompts), method, drafter))
+
+
+def check_predictions(prediction: str | Sequence[str | None] | None, count: int, method: Method, drafter: str
+                      ) -> list[str | None]:
+    """One prediction per prompt (a string is every prompt's; None: none), and only where it is drafted from:
+    by the drafter "auto" or "prediction", for a method that verifies drafts of any kind."""
+    predictions = [prediction] * count if prediction is None or isinstance(prediction, str) else list(prediction)
+    if len(predictions) != count:
+        raise RequestError("prediction", f"{{}} must be one string for every prompt or a list of one per prompt "
+                                         f"({count}), got {len(predictions)}")
+    for number, text in enumerate(predictions, 1):
+        if text is not None:
+            _check_text("prediction", "{}" if count == 1 else f"{{}} {number}", text)
+    given = any(text is not None for text in predictions)
+    if drafter == "prediction" and not all(text is not None for text in predictions):
+        raise RequestError("drafter", "{} 'prediction' drafts from a prediction: give one for every prompt")
+    if given and drafter not in ("auto", "prediction"):
+        raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")
+    if given and method.name in ("auto", "diversed"):
+        why = "decodes with the target alone" if method.name == "auto" else \
+            "verifies the draft model's drafts only (its head reads their hidden states)"
+        raise RequestError("prediction", f"method {method.label!r} {why}: a {{}} would go unused")
+    return predictions
 
 
 def check_encodable(name: str, text: str) -> None:

@@ -58,6 +58,21 @@ def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
     assert code == 0 and timing.sub("", streamed) == timing.sub("", whole)
 
 
+def test_generate_drafts_from_a_prediction_and_counts_its_tokens(models, capsys, tmp_path):
+    common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--json",
+              "--temperature", "0", "--max-new-tokens", "16", "t3 t4"]
+    code, out, _ = run(common, capsys)
+    answer = json.loads(out)["text"]
+    (tmp_path / "prediction.txt").write_text(answer)
+    code, out, _ = run([*common, "--prediction", str(tmp_path / "prediction.txt")], capsys)
+    metrics = json.loads(out)["metrics"]
+    assert code == 0 and json.loads(out)["text"] == answer
+    assert metrics["drafters"]["prediction"]["accepted"] > 0 and metrics["accepted_prediction_tokens"] > 0
+    code, out, _ = run([*common, "--prediction", "-"], capsys, stdin=answer)
+    assert code == 0 and json.loads(out)["metrics"]["accepted_prediction_tokens"] == \
+        metrics["accepted_prediction_tokens"]
+
+
 def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
               "--max-new-tokens", "3", "--method", "static:0.5"]
@@ -74,6 +89,9 @@ def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     (["--temperature", "-1"], "temperature"),
     (["--draft-len", "0"], "--draft-len"),
     (["--method", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
+    (["--prediction", "/nonexistent"], "--prediction '/nonexistent': no such file"),
+    (["--prediction", __file__, "--drafter", "lookup"], "a --prediction is drafted from by drafter 'auto'"),
+    (["--drafter", "prediction"], "--drafter 'prediction' drafts from a prediction"),
 ])
 def test_generate_refuses_bad_options(models, capsys, args, message):
     code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",

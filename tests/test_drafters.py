@@ -8,8 +8,16 @@ import torch
 from closed_forms import acceptance_probability
 
 from diversed.backends import as_model
-from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter, make_drafter
+from diversed.decoding.drafters import (
+    LookupDrafter,
+    PredictionDrafter,
+    SuffixCache,
+    SuffixDrafter,
+    make_drafter,
+    prediction_tokens,
+)
 from diversed.decoding.drafters.base import Acceptance
+from diversed.decoding.drafters.prediction import Prediction
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.request import DRAFTERS, DraftLength, Method, Sampling
@@ -62,6 +70,57 @@ def test_the_suffix_cache_holds_at_most_its_budget_of_finished_text():
     assert cache.held <= 50 and len(cache.texts) == 5
     remembered = {place for places in cache.occurrences.values() for place in places}
     assert {text for text, _ in remembered} == set(cache.texts)  # nothing indexed of a forgotten text
+
+
+FILE = list(range(100, 140))  # a prediction: 40 distinct tokens
+
+
+@pytest.mark.parametrize(("answer", "place"), [
+    (FILE[:10], 10),  # following it
+    (FILE[:10] + [7, 8, 9] + FILE[10:15], 15),  # an inserted line, then the file again
+    (FILE[:10] + FILE[20:25], 25),  # a deleted stretch
+    (FILE[:10] + [7] + FILE[11:16], 16),  # a changed token
+    (FILE[:10] + [7, 8], None),  # something new: nothing to propose
+])
+def test_a_prediction_keeps_its_place_through_inserts_deletes_and_changes(answer, place):
+    prediction = Prediction(FILE)
+    prediction.follow(answer)
+    assert prediction.place == place
+
+
+def test_a_lost_prediction_looks_forward_from_where_it_last_was_sure():
+    text = [1, 2, 3, 4, 5, 9, 6, 7, 8, 1, 2, 3, 4, 5, 9, 6]  # "5 9" twice
+    prediction = Prediction(text)
+    prediction.follow(text[:12] + [0, 5, 9])  # past the first "5 9", a change, then "5 9"
+    assert prediction.place == 15  # the second one's continuation, not the first's
+
+
+def test_the_prediction_drafter_proposes_from_its_place_and_nothing_without_one():
+    drafter = PredictionDrafter()
+    drafter.add([1, 2], FILE)
+    drafter.add([3, 4])
+    first, none = drafter.candidates([4, 4])
+    assert first.tokens == FILE[:4] and none is None
+    drafter.advance([FILE[:3], [5]])
+    assert drafter.candidates([4, 4])[0].tokens == FILE[3:7]
+
+
+def test_prediction_tokens_are_counted_as_openai_counts_them():
+    assert prediction_tokens(FILE, FILE) == (40, 0)
+    assert prediction_tokens(FILE, FILE[:10] + [7, 8] + FILE[20:]) == (30, 10)
+
+
+def test_greedy_exact_with_a_prediction_writes_the_targets_text_and_drafts_from_it(models):
+    """Predicting the target's own answer with a change inside: lossless, and most of it in a few passes."""
+    target, draft = models
+    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=40)
+    predictions = [t[:15] + [7, 7] + t[17:] for t in plain.tokens]
+    for drafter, schedule in (("auto", DraftLength(2, "auto", maximum=32)), ("prediction", DraftLength(16))):
+        out = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
+                     draft_length=schedule, max_new_tokens=40, predictions=predictions)
+        assert out.tokens == plain.tokens
+        for stats in out.stats:
+            assert stats.drafters["prediction"][1] >= 20 and stats.target_forwards <= 12
 
 
 def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted():

@@ -23,6 +23,7 @@ import uvicorn
 from closed_forms import verification_target
 from prometheus_client.parser import text_string_to_metric_families
 
+from diversed.decoding.drafters import prediction_tokens
 from diversed.generation import generate
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
@@ -240,7 +241,36 @@ def test_a_request_picks_its_drafter_and_the_reply_says_who_drafted_and_who_deci
     assert speculative["rule_tokens"] + speculative["target_tokens"] == out.usage.completion_tokens
 
 
+def test_predicted_outputs_through_the_openai_client(server, pair, head_dir):
+    """The official client's `prediction=`: the answer is the target's (greedy exact), drafted from the prediction,
+    and usage counts its accepted and rejected tokens as OpenAI does."""
+    url, _ = server
+    messages = [{"role": "user", "content": "t8 t9"}]
+    alone = generate(pair, [messages], temperature=0, max_new_tokens=24, draft_length=DRAFTING)[0]
+    words = alone.text.split()
+    changed = " ".join(words[:8] + ["t3", "t3"] + words[10:])  # the prediction, two words off
+    out = client(url).chat.completions.create(model="tiny-target", messages=messages, max_tokens=24, temperature=0,
+                                              prediction={"type": "content", "content": changed})
+    assert out.choices[0].message.content == alone.text
+    details = out.usage.completion_tokens_details
+    predicted = pair.tokenizer(changed, add_special_tokens=False)["input_ids"]
+    counts = (details.accepted_prediction_tokens, details.rejected_prediction_tokens)
+    assert counts == prediction_tokens(predicted, alone.tokens) and counts[1] >= 2
+    assert out.model_extra["speculative"]["drafters"]["prediction"]["accepted"] > 0
+    plain = client(url).completions.create(model="tiny-target", prompt="t8 t9", max_tokens=6, temperature=0,
+                                           extra_body={"prediction": {"type": "content", "content": "t3 t4"}})
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens is not None
+
+
 @pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "t3", "prediction": {"type": "text", "content": "t3"}}, "prediction"),
+    ({"prompt": "t3", "prediction": "t3 t4"}, "prediction"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": 5}}, "prediction.content"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": ""}}, "prediction"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": " ".join(["t3"] * 300)}}, "prediction"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "drafter": "lookup"}, "prediction"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "verification": "auto"}, "prediction"),
+    ({"prompt": "t3", "drafter": "prediction"}, "drafter"),
     ({"prompt": "t3", "verification": "strict"}, "verification"),
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
     ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),

@@ -69,6 +69,7 @@ def decode(
     profile: bool = False,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     on_round: Callable[[int, Round, int, int], None] | None = None,
+    predictions: Sequence[Sequence[int] | None] | None = None,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
@@ -84,6 +85,8 @@ def decode(
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     on_round(i, round, row, count): called after each speculative round with prompt i's row in the Round
     (what the verifier saw) and how many tokens it emitted (a trainer's capture: diversed.head.train).
+    predictions: per prompt, the token ids its answer is expected to repeat, or None (Predicted Outputs: the
+    "prediction" and "auto" drafters draft from them).
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
@@ -101,10 +104,12 @@ def decode(
     policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
     batch = Batch(target, drafter, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
+    predictions = predictions or [None] * len(prompts)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
-                None if on_round is None else lambda job, result, row, count, i=i: on_round(i, result, row, count))
-            for i, p in enumerate(prompts)]
+                None if on_round is None else lambda job, result, row, count, i=i: on_round(i, result, row, count),
+                prediction=None if prediction is None else list(prediction))
+            for i, (p, prediction) in enumerate(zip(prompts, predictions, strict=True))]
     for job in jobs:
         batch.add(job)
     while batch.jobs:
@@ -124,7 +129,8 @@ class Job:
     failed: `error` says why); job.stats.finish_reason says whether it is done ("eos", "stop", "length",
     "cancelled" or "error"). on_round(job, round, row, count) is called after each speculative round with the
     job's row of the Round and the tokens it emitted (what a trainer keeps). Set `cancelled` from any thread:
-    the job leaves the batch before the next round."""
+    the job leaves the batch before the next round. prediction: the token ids the answer is expected to
+    repeat (Predicted Outputs), for the drafter."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
@@ -134,6 +140,7 @@ class Job:
     on_round: Callable[[Job, Round, int, int], None] | None = None
     cancelled: bool = False
     error: str = ""
+    prediction: list[int] | None = None
     tokens: list[int] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
     started: float = 0.0
@@ -223,6 +230,11 @@ class Batch:
                                  f"drafter {self.drafter.name!r} does not have: use drafter 'model' or 'auto' with a "
                                  "draft model")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
+        if job.prediction is not None and self.target.context_length is not None and \
+                len(job.prompt) + len(job.prediction) > self.target.context_length:
+            raise ContextTooLong("prediction", f"the prompt ({len(job.prompt)} tokens) + the {{}} "
+                                               f"({len(job.prediction)}) exceed the target's context of "
+                                               f"{self.target.context_length} tokens")
         if self.drafter is not None and self.drafter.draft_model is not None:  # every row rides in its forwards
             _check_prompt(self.drafter.draft_model, "draft", job.prompt, job.max_new_tokens,
                           self.draft_length.longest)
@@ -236,7 +248,7 @@ class Batch:
         self.jobs.append(job)
         self.target_rows.extend(1)
         if self.drafter is not None:
-            self.drafter.add(job.prompt)
+            self.drafter.add(job.prompt, job.prediction)
         self.pending.append(list(job.prompt))
         self._joined = True
 

@@ -22,14 +22,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from diversed.decoding.drafters import SuffixCache, make_drafter
+from diversed.decoding.drafters import SuffixCache, make_drafter, prediction_tokens
 from diversed.decoding.engine import Batch, Job, context_room
 from diversed.decoding.policy import Policy
 from diversed.generation import load_head
 from diversed.head.model import EnsembleHead
 from diversed.head.names import PRETRAINED_HEADS
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, DRAFTERS, ContextTooLong, DraftLength, Method, RequestError
+from diversed.request import (
+    DEFAULT_DRAFTING,
+    DRAFTERS,
+    ContextTooLong,
+    DraftLength,
+    Method,
+    RequestError,
+    check_predictions,
+)
 from diversed.server.metrics import Metrics
 from diversed.server.protocol import (
     FINISH_REASONS,
@@ -146,11 +154,19 @@ class Server:
                              f"{drafter!r} does not have: use drafter 'model' or 'auto'", "drafter")
         if drafter == "model" and self.pair.draft is None:
             raise BadRequest("this server has no draft model: use drafter 'auto', 'lookup' or 'suffix'", "drafter")
+        try:
+            check_predictions(call.prediction, 1, method, drafter)
+        except RequestError as error:
+            raise BadRequest(*request_error(error, call.chat)) from None
+        prediction = None if call.prediction is None else \
+            tokenizer(call.prediction, add_special_tokens=False)["input_ids"]
         job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length, drafter), max_tokens,
-                  stop_checker(tokenizer, call.stop))
+                  stop_checker(tokenizer, call.stop), prediction=prediction)
         try:
             self.worker.batch.check(job)
         except ContextTooLong as error:
+            if error.field == "prediction":
+                raise BadRequest(*request_error(error, call.chat), "context_length_exceeded") from None
             param = "max_tokens" if call.max_tokens and room >= 1 else "messages" if call.chat else "prompt"
             raise BadRequest(error.message_for("max_tokens"), param, "context_length_exceeded") from None
         except RequestError as error:
@@ -286,6 +302,11 @@ def _speculative(job: Job) -> dict:
                                      "per_position_acceptance", "rule_tokens", "target_tokens", "drafters")}}
 
 
+def _usage(job: Job) -> dict:
+    return usage(len(job.prompt), len(job.tokens),
+                 None if job.prediction is None else prediction_tokens(job.prediction, job.tokens))
+
+
 async def _whole(server: Server, request: Request, job: Job, events: _Events, reply: Reply,
                  text: StreamedText) -> Response:
     """Wait for the job, watching for the client going away (then its row is freed)."""
@@ -308,8 +329,8 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
                 return JSONResponse(error_body(payload, "server_error"), status_code=500)
             pieces.append(text.add(payload, final=finished))
             if finished:
-                body = reply.whole("".join(pieces), FINISH_REASONS[job.stats.finish_reason],
-                                   usage(len(job.prompt), len(job.tokens)), _speculative(job))
+                body = reply.whole("".join(pieces), FINISH_REASONS[job.stats.finish_reason], _usage(job),
+                                   _speculative(job))
                 return JSONResponse(body)
             pending = asyncio.ensure_future(anext(items))
     finally:
@@ -339,7 +360,7 @@ async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text:
             if finished:
                 yield sse(reply.chunk(None if reply.chat else "", FINISH_REASONS[job.stats.finish_reason]))
                 if call.include_usage:
-                    yield sse(reply.usage_chunk(usage(len(job.prompt), len(job.tokens)), _speculative(job)))
+                    yield sse(reply.usage_chunk(_usage(job), _speculative(job)))
         yield "data: [DONE]\n\n"
     finally:
         if not job.finished:

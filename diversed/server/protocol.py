@@ -5,6 +5,7 @@ or refused with a BadRequest naming it: nothing a client asks for is silently ig
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
 rule as `--method` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
 of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
+`prediction` is OpenAI's Predicted Outputs, on both endpoints.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Call:
     stream: bool
     include_usage: bool
     model: str | None
+    prediction: str | None  # Predicted Outputs' content
 
 
 # Fields accepted only at the value that changes nothing (OpenAI's defaults).
@@ -71,7 +73,7 @@ _NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, No
             "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})}
 _IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields that do not change the output
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "draft_length", "drafter", *_NEUTRAL, *_IGNORED}
+           "verification", "head", "draft_length", "drafter", "prediction", *_NEUTRAL, *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
 _ROLES = ("system", "user", "assistant", "developer")
 
@@ -108,7 +110,25 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
         raise BadRequest("model must be a string", "model")
     return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
                 _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body, method),
-                stream, include_usage, model)
+                stream, include_usage, model, _prediction(body))
+
+
+def _prediction(body: dict) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or a list of text parts}."""
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or set(prediction) != {"type", "content"} or prediction["type"] != "content":
+        raise BadRequest('prediction must be an object {"type": "content", "content": text}', "prediction")
+    content = prediction["content"]
+    if isinstance(content, list):  # content parts: text parts only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise BadRequest("prediction.content may hold only text parts", "prediction.content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise BadRequest("prediction.content must be a string or a list of text parts", "prediction.content")
+    return _encodable("prediction.content", content)
 
 
 def _drafter(body: dict, method: Method) -> str | None:
@@ -267,6 +287,11 @@ class Reply:
         return {**self._envelope(kind, []), "usage": usage, "speculative": speculative}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None) -> dict:
+    """OpenAI's usage object; with a prediction's (accepted, rejected) tokens, its completion_tokens_details."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+              "total_tokens": prompt_tokens + completion_tokens}
+    if prediction is not None:
+        counts["completion_tokens_details"] = {"accepted_prediction_tokens": prediction[0],
+                                               "rejected_prediction_tokens": prediction[1]}
+    return counts

@@ -1,5 +1,6 @@
 """Drafters: what proposes the tokens a round verifies (base.py has the interface). `model` is the draft model;
-`lookup` and `suffix` copy from text already there and cost no forward; `auto` chooses among them each round."""
+`lookup` and `suffix` copy from text already there and `prediction` from the request's predicted output, at no
+forward's cost; `auto` chooses among them each round."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from diversed.decoding.drafters.auto import AutoDrafter
 from diversed.decoding.drafters.base import Drafter, Proposal
 from diversed.decoding.drafters.lookup import LookupDrafter
 from diversed.decoding.drafters.model import ModelDrafter
+from diversed.decoding.drafters.prediction import PredictionDrafter, prediction_tokens
 from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
 from diversed.request import DRAFTERS
 
@@ -25,11 +27,14 @@ def make_drafter(name: str, draft: Model | None = None, *, capacity: int = 1, co
         return ModelDrafter(draft, capacity, confidence)
     if name == "lookup":
         return LookupDrafter()
+    if name == "prediction":
+        return PredictionDrafter()
     suffix = SuffixDrafter(cache if cache is not None else SuffixCache())
     if name == "suffix":
         return suffix
-    return AutoDrafter([LookupDrafter(), suffix], None if draft is None else ModelDrafter(draft, capacity, confidence))
+    return AutoDrafter([PredictionDrafter(), LookupDrafter(), suffix],
+                       None if draft is None else ModelDrafter(draft, capacity, confidence))
 
 
-__all__ = ["DRAFTERS", "AutoDrafter", "Drafter", "LookupDrafter", "ModelDrafter", "Proposal", "SuffixCache",
-           "SuffixDrafter", "make_drafter"]
+__all__ = ["DRAFTERS", "AutoDrafter", "Drafter", "LookupDrafter", "ModelDrafter", "PredictionDrafter", "Proposal",
+           "SuffixCache", "SuffixDrafter", "make_drafter", "prediction_tokens"]

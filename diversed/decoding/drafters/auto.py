@@ -1,6 +1,7 @@
-"""The default drafter: each round, the speed model's choice between the copying drafters (the better of prompt
-lookup and the suffix cache for each row), the draft model, and no drafts (the target alone), by the tokens
-per second it predicts for each from measured costs and each drafter's running acceptance."""
+"""The default drafter: each round, the speed model's choice between the copying drafters (the best of the
+request's prediction, prompt lookup and the suffix cache for each row), the draft model, and no drafts (the
+target alone), by the tokens per second it predicts for each from measured costs and each drafter's running
+acceptance."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ class AutoDrafter:
         self.has_hidden = model is not None
         self.draft_model = None if model is None else model.draft_model
 
-    def add(self, prompt: Sequence[int]) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         for member in self.members:
-            member.add(prompt)
+            member.add(prompt, prediction)
 
     def select(self, rows: Sequence[int]) -> None:
         for member in self.members:
@@ -41,16 +42,20 @@ class AutoDrafter:
     def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
                 ) -> Proposal | None:
         model_caps = groups.only("model", caps)
-        if groups.hidden or (speed is None and self.model is not None and any(model_caps)):
+        if groups.hidden:  # a head reads the draft model's hidden states: its drafts only
             return self.model.propose(model_caps, groups, clock, speed) if self.model is not None else None
         with clock.phase("draft forward"):
             per_copier = [copier.candidates(groups.only(copier.name, caps)) for copier in self.copiers]
-        # Each row copies from the drafter expected to add the most tokens within the row's cap.
+        # Each row copies from the drafter expected to add the most tokens within the row's cap (ties: the first,
+        # the prediction).
         rows = list(zip(*per_copier, strict=True))
         chosen = [best_candidate(options, cap) for options, cap in zip(rows, caps, strict=True)]
         best = [options[i] for options, i in zip(rows, chosen, strict=True)]
         names = [self.copiers[i].name for i in chosen]
-        if speed is None:
+        if speed is None:  # the draft model where there is one, but a prediction first where a row has one
+            predicted = any(c is not None and name == "prediction" for c, name in zip(best, names, strict=True))
+            if self.model is not None and any(model_caps) and not predicted:
+                return self.model.propose(model_caps, groups, clock, speed)
             return copied(best, names, None)
         if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it
             return None

@@ -48,8 +48,9 @@ class Drafter(Protocol):
     has_hidden: bool  # whether its proposals carry the draft model's hidden states (what a DIVERSED head reads)
     draft_model: Model | None  # the draft model it runs, if any
 
-    def add(self, prompt: Sequence[int]) -> None:
-        """A row joins, after the existing ones, with its prompt."""
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+        """A row joins, after the existing ones, with its prompt and what its answer is predicted to be, if
+        anything (Predicted Outputs: only the prediction drafter reads it)."""
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only these rows, in this order."""
@@ -139,7 +140,7 @@ class CopyDrafter:
         """What this drafter would propose for row `row`, at most cap tokens (None: nothing to copy)."""
         raise NotImplementedError
 
-    def add(self, prompt: Sequence[int]) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.texts.append([])
         self.last.append(None)
         self._append(len(self.texts) - 1, prompt)

@@ -13,8 +13,9 @@ LONGEST_MATCH = 8  # the longest n-gram looked up; a longer match is rarer and a
 
 
 def match_class(n: int) -> int:
-    """Match lengths by what they predict of acceptance: 1, 2, 3, 4-5, 6 and more."""
-    return min(n, 6) if n < 4 or n >= 6 else 4
+    """Match lengths (or runs of agreement) by what they predict of acceptance: 0-3 each, 4-5, 6-15, 16-63,
+    64 and more."""
+    return next((low for low in (64, 16, 6, 4) if n >= low), n)
 
 
 def outcome(last: Candidate | None, written: Sequence[int]) -> str:
@@ -57,7 +58,7 @@ class LookupDrafter(CopyDrafter):
         self.outcomes: list[str] = []
         super().__init__()
 
-    def add(self, prompt: Sequence[int]) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.indexes.append(NgramIndex())
         self.outcomes.append("none")
         super().add(prompt)

@@ -29,7 +29,7 @@ class ModelDrafter:
         self.texts: list[list[int]] = []
         self.fed: list[list[int]] | None = None  # this round's drafts that the cache saw, per row
 
-    def add(self, prompt: Sequence[int]) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.rows.extend(1)
         self.texts.append(list(prompt))
 

@@ -131,7 +131,7 @@ class SuffixDrafter(CopyDrafter):
         self.outcomes: list[str] = []
         super().__init__()
 
-    def add(self, prompt: Sequence[int]) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.ids.append(self.cache.open(prompt))
         self.prompt_lengths.append(len(prompt))
         self.outcomes.append("none")
