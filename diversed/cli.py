@@ -12,12 +12,12 @@ from pathlib import Path
 # Only modules that import no torch: `diversed --help` and a refused argument answer at once; each command
 # imports what it runs.
 from diversed.head.config import TrainConfig
-from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, PRETRAINED_HEADS, head_folder
+from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, KINDS, PRETRAINED_HEADS, head_folder
 from diversed.models.options import BACKENDS, DTYPE_NAMES, QUANTIZATIONS
 from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength, RequestError
 
-TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, humaneval, humaneval-plus "
-             "(offline), cnn_dailymail, xsum (online) or jsonl:PATH")
+TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, file-edit, humaneval, "
+             "humaneval-plus (offline), cnn_dailymail, xsum (online) or jsonl:PATH")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                           "cache, other) and print the split")
     gen.set_defaults(run=_generate)
 
-    train = commands.add_parser("train", help="train a DIVERSED weight head for the pair on a task")
+    train = commands.add_parser("train", help="train a DIVERSED head (a weight or a lenience per token) for the pair "
+                                              "on a task")
     train.add_argument("--task", required=True, help=TASK_HELP)
     train.add_argument("--out", required=True, type=Path, help="folder for checkpoints, log.jsonl and the head")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -70,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, kind in (("temperature", float), ("draft_len", int), ("max_new_tokens", int), ("lr", float),
                        ("epochs", int), ("prompts_per_step", int), ("samples_per_prompt", int), ("limit", int),
                        ("checkpoint_every", int), ("initial_weight", float), ("seed", int), ("ppo_epochs", int),
-                       ("minibatches", int), ("clip", float)):
+                       ("minibatches", int), ("clip", float), ("max_lenience", float), ("initial_lenience", float)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
+    train.add_argument("--kind", choices=KINDS, default=TrainConfig.kind,
+                       help="what the head sets per drafted token: mixture (the paper's weight w, rule dynamic), "
+                            "lenience (rule lossy's L, below --max-lenience, from the target and the draft "
+                            "distribution) or lenience-target (L from the target alone: serves copied drafts)")
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
     train.add_argument("--informative-only", action="store_true",
                        help="update only on the prompts whose samples' rewards differ (a step without any is "

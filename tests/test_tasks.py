@@ -160,7 +160,7 @@ def test_offline_hub_task_fails_clearly(monkeypatch):
 
 def test_unknown_task():
     assert set(TASKS) == {"humaneval", "humaneval-plus", "mbpp", "mbpp-sanitized", "mbpp-edit", "mbpp-edit-2turn",
-                          "gsm8k", "gsm8k-plain", "cnn_dailymail", "xsum"}
+                          "file-edit", "gsm8k", "gsm8k-plain", "cnn_dailymail", "xsum"}
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         get_task("nope")
 

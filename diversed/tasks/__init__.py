@@ -3,6 +3,7 @@ file, see diversed.tasks.jsonl)."""
 
 from __future__ import annotations
 
+from diversed.tasks.file_edit import FILE_EDIT
 from diversed.tasks.gsm8k import GSM8K, GSM8K_PLAIN
 from diversed.tasks.hub import CNN_DAILYMAIL, XSUM
 from diversed.tasks.humaneval import HUMANEVAL
@@ -13,7 +14,7 @@ from diversed.tasks.mbpp_edit import MBPP_EDIT, MBPP_EDIT_2TURN
 from diversed.tasks.task import Example, Task
 
 TASKS = {task.name: task for task in (HUMANEVAL, HUMANEVAL_PLUS, MBPP, MBPP_SANITIZED, MBPP_EDIT, MBPP_EDIT_2TURN,
-                                      GSM8K, GSM8K_PLAIN, CNN_DAILYMAIL, XSUM)}
+                                      FILE_EDIT, GSM8K, GSM8K_PLAIN, CNN_DAILYMAIL, XSUM)}
 
 
 def get_task(name: str) -> Task:
