@@ -38,7 +38,10 @@ class Rule:
     raise_draft(pi_x, **parameters): for a target that depends on the drafted token x (cactus): the mass x gets
     in it, from its mass pi(x) in `target`; the other tokens keep their proportions (_target).
     relax(p, **parameters): accept with min(1, pi / (relax q)) instead of min(1, pi / q) (lossy's lenience): a
-    number, or a tensor [...] with one per position (lossy-entropy's, from the entropy of p).
+    number, or a tensor [...] with one per position (lossy-entropy's, from the entropy of p; lossy's, from a
+    lenience per position).
+    per_position: the parameters it also takes as a tensor [B, N], one per drafted token: what a trained head
+    sets ("dynamic"'s weight, which it takes only so; lossy's lenience).
     correct_from_p: draw the correction from norm(max(0, p - q)); for the ensembles it is the same
     distribution as norm(max(0, nu - q)) for every w > 0 (nu - q = w (p - q)), without the cancellation.
     """
@@ -47,6 +50,7 @@ class Rule:
     target: Callable[..., Tensor] | None = None
     raise_draft: Callable[..., Tensor] | None = None
     relax: Callable[..., float | Tensor] | None = None
+    per_position: tuple[str, ...] = ()
     correct_from_p: bool = False
 
     @property
@@ -90,7 +94,7 @@ def _token(p: Tensor, q: Tensor, alpha: float) -> Tensor:
 def _gated_lenience(p: Tensor, lenience: float, entropy_threshold: float) -> Tensor:
     """Lossy's 1 - l where the target is uncertain, H(p) >= the threshold, and 1 (the exact test) where it is
     sure: FLy's gate. Where the target is sure a disagreeing draft is an error; where it is not, a choice."""
-    return 1.0 - lenience * (_entropy(p) >= entropy_threshold).to(p.dtype)
+    return 1.0 - lenience * (entropy(p) >= entropy_threshold).to(p.dtype)
 
 
 def _cactus_mass(p_x: Tensor, delta: float) -> Tensor:
@@ -111,10 +115,10 @@ def _judi(p: Tensor, q: Tensor, epsilon: float, max_confidence: float) -> Tensor
 # Each rule's math, by the name its RuleSpec has (a spec without math fails here, at import).
 _MATH: dict[str, dict] = {
     "exact": {"target": _p},
-    "lossy": {"target": _p, "relax": lambda p, lenience: 1.0 - lenience},
+    "lossy": {"target": _p, "relax": lambda p, lenience: 1.0 - lenience, "per_position": ("lenience",)},
     "lossy-entropy": {"target": _p, "relax": _gated_lenience},
     "static": {"target": _mixture, "correct_from_p": True},
-    "dynamic": {"target": _mixture, "correct_from_p": True},
+    "dynamic": {"target": _mixture, "correct_from_p": True, "per_position": ("weight",)},
     "cascade-chow": {"target": _chow},
     "cascade-opt": {"target": _opt},
     "cascade-token": {"target": _token},
@@ -123,11 +127,6 @@ _MATH: dict[str, dict] = {
     "typical": {},
 }
 RULES: dict[str, Rule] = {name: Rule(spec, **_MATH[name]) for name, spec in RULE_SPECS.items()}
-
-
-def _unit_interval(value) -> bool:
-    value = torch.as_tensor(value, dtype=torch.float32)
-    return bool(torch.isfinite(value).all() and (value >= 0).all() and (value <= 1).all())
 
 
 _BLOCK = 512  # tokens per block of draw(); any size is exact, this one measured fastest for 152k tokens
@@ -151,7 +150,7 @@ def verify(
     target_probs: Tensor,
     *,
     weight: float | Tensor | None = None,
-    lenience: float | None = None,
+    lenience: float | Tensor | None = None,
     alpha: float | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
@@ -170,7 +169,8 @@ def verify(
             from text (a point mass: no draft distribution).
         target_probs: [B, N+1, V], p_i, processed the same way.
         weight: w, the weight on the target: a float in [0, 1] for "static", a [B, N] tensor for "dynamic".
-        lenience: l in [0, 1) for "lossy" and "lossy-entropy".
+        lenience: l in [0, 1) for "lossy" and "lossy-entropy"; for "lossy" also a [B, N] tensor, one l per
+            sequence and position (a lenience head's, diversed.head.model.LenienceHead).
         alpha: the deferral parameter in [0, 1] of the cascade rules.
         epsilon, delta: thresholds of "typical" (defaults diversed.request.TYPICAL_EPSILON and TYPICAL_DELTA);
             epsilon is also "judi"'s KL(p || q) threshold and delta "cactus"'s KL budget, in nats, both >= 0
@@ -209,8 +209,7 @@ def verify(
         q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         if spec.relax is not None:
             q_x = spec.relax(p[:, :n], **params) * q_x
-        # q(x) = 0 cannot be drafted by sampling; if it is given anyway, accept iff pi(x) > 0.
-        accept_prob = (pi_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp(max=1.0)
+        accept_prob = ratio_test(pi_x, q_x)
         passed = torch.rand(accept_prob.shape, generator=generator, device=accept_prob.device) < accept_prob
 
     accepted = passed.long().cumprod(-1).bool()
@@ -243,12 +242,19 @@ def _target(spec: Rule, p: Tensor, q: Tensor, draft: Tensor | None, params: dict
     return (pi * rest).scatter(-1, index, raised)
 
 
+def ratio_test(pi_x: Tensor, q_x: Tensor) -> Tensor:
+    """min(1, pi(x) / q(x)): the probability that a drafted x passes the shared test, q_x already relaxed
+    where the rule relaxes it. q(x) = 0 cannot be drafted by sampling; if it is given anyway, it passes iff
+    pi(x) > 0."""
+    return (pi_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp(max=1.0)
+
+
 def total_variation(a: Tensor, b: Tensor) -> Tensor:
     """TV(a, b) = 0.5 * sum_x |a(x) - b(x)| over the last dimension."""
     return 0.5 * (a - b).abs().sum(-1)
 
 
-def _entropy(p: Tensor) -> Tensor:
+def entropy(p: Tensor) -> Tensor:
     """H(p) = -sum_x p(x) log p(x), in nats, over the last dimension."""
     return torch.special.entr(p).sum(-1)
 
@@ -271,8 +277,8 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
     """Typical acceptance (Medusa): keep x_i iff p_i(x_i) > min(epsilon, delta * exp(-H(p_i)))."""
     n = draft_tokens.shape[1]
     p_draft = p[:, :n]
-    entropy = _entropy(p_draft)
-    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+    h = entropy(p_draft)
+    threshold = torch.minimum(torch.full_like(h, epsilon), delta * torch.exp(-h))
     passed = p_draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > threshold
     accepted = passed.long().cumprod(-1).bool()
     num_accepted = accepted.sum(-1)
@@ -313,37 +319,43 @@ def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_p
     check_parameters(rule, **params, shape=(b, n))
 
 
-def check_parameters(rule: str, *, weight: float | Tensor | None = None, lenience: float | None = None,
+def check_parameters(rule: str, *, weight: float | Tensor | None = None, lenience: float | Tensor | None = None,
                      alpha: float | None = None, epsilon: float | None = None, delta: float | None = None,
                      entropy_threshold: float | None = None, max_confidence: float | None = None,
                      shape: tuple[int, int] | None = None) -> None:
     """Raise ValueError unless the rule gets exactly its parameters, in range (diversed.request's check, and
-    here a weight tensor's). `shape` (B, N) is the shape a "dynamic" weight tensor must have (unchecked when
-    None)."""
-    check_rule_parameters(rule, {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon,
-                                 "delta": delta, "entropy_threshold": entropy_threshold,
-                                 "max_confidence": max_confidence})
-    if weight is not None:
-        _check_weight(rule, weight, shape)
-        if isinstance(weight, Tensor) and not _unit_interval(weight):
-            raise ValueError(f"weight must be in [0, 1], got {_describe(weight)}")
+    here a tensor's: one per drafted token, where the rule takes it so, Rule.per_position). `shape` (B, N) is
+    the shape such a tensor must have (unchecked when None)."""
+    given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta,
+             "entropy_threshold": entropy_threshold, "max_confidence": max_confidence}
+    for name, value in given.items():
+        _check_per_position(rule, name, value, shape)
+    # diversed.request checks numbers; a tensor is in range when its extremes are (NaN fails every range).
+    for pick in (torch.amin, torch.amax):
+        check_rule_parameters(rule, {k: _extreme(v, pick) if isinstance(v, Tensor) else v for k, v in given.items()})
 
 
-def _check_weight(rule: str, weight: float | Tensor, shape: tuple[int, int] | None) -> None:
-    """A single number for "static"; a tensor [B, N], one w per sequence and position, for "dynamic"."""
-    if rule == "static" and torch.as_tensor(weight).dim() != 0:
-        shape_given = tuple(torch.as_tensor(weight).shape)
-        raise ValueError(f"weight for 'static' must be a single number, got shape {shape_given}; use rule "
-                         "'dynamic' for a weight per position")
-    if rule == "dynamic" and (not isinstance(weight, Tensor) or (shape is not None and tuple(weight.shape) != shape)):
-        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
-        raise ValueError(f"weight for 'dynamic' must be a tensor [B, N] = {list(shape or ())}, got {got}")
+def _check_per_position(rule: str, name: str, value: float | Tensor | None, shape: tuple[int, int] | None) -> None:
+    """A tensor only for a parameter the rule takes per drafted token, of shape [B, N]; "dynamic"'s weight only
+    so (a single weight is "static")."""
+    if rule not in RULES or value is None or name not in RULES[rule].parameters:
+        return  # an unknown rule, a missing or a foreign parameter: diversed.request says so
+    per_position = name in RULES[rule].per_position
+    if isinstance(value, Tensor) and not per_position and value.dim() != 0:
+        takers = [other for other, spec in RULES.items() if name in spec.per_position]
+        raise ValueError(f"{name} for {rule!r} must be a single number, got shape {tuple(value.shape)}"
+                         + (f"; use rule {takers[0]!r} for one per position" if takers else ""))
+    only_so = per_position and rule == "dynamic"
+    wrong_shape = isinstance(value, Tensor) and shape is not None and tuple(value.shape) != shape
+    if per_position and (wrong_shape or only_so and not isinstance(value, Tensor)):
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"{name} for {rule!r} must be a tensor [B, N] = {list(shape or ())}, got {got}")
 
 
-def _describe(value) -> str:
-    if isinstance(value, Tensor) and value.numel() > 1:
-        return f"values in [{value.min():.4g}, {value.max():.4g}]"
-    return f"{float(value):.4g}" if isinstance(value, Tensor) else repr(value)
+def _extreme(value: Tensor, pick: Callable[[Tensor], Tensor]) -> float:
+    """The least or greatest of a tensor's values; 0.0 for an empty batch, which has none out of range (0 is in
+    the range of both per-position parameters, weight and lenience)."""
+    return float(pick(value.detach().float())) if value.numel() else 0.0
 
 
 def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -477,3 +477,39 @@ def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
     assert [g["examples"] for g in groups] == [2, 0, 0] and groups[1]["quality"]["late"] is None
     with pytest.raises(ValueError, match="no results for: lenient"):
         quality_by_reference_agreement(rows, ["lenient"], ["auto", "exact"])
+
+
+def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
+    """What a user waits: the mean wall time per example with its interval, and auto's time over the method's on
+    the examples both ran. A method writing three times longer answers in half the time is 6x faster in
+    tokens/s but only 2x by time."""
+    import csv
+
+    from diversed.evaluation.report import markdown_table, write_summary
+
+    auto = synthetic_rows("auto", 0, [1, 0, 1, 1])
+    lenient = synthetic_rows("lossy:0.5", 9, [1, 0, 0])  # e0..e2 only: the speedup pairs them with auto's
+    for i, (mine, theirs) in enumerate(zip(lenient, auto, strict=False)):
+        theirs["wall_time"], mine["wall_time"], mine["new_tokens"] = 2.0 * (i + 1), float(i + 1), 60
+    auto[3]["wall_time"] = 100.0  # unpaired: it moves auto's own mean, not the paired speedup
+    summaries = summarize_results(auto + lenient, ["auto", "lossy:0.5"])
+    by_method = {s["method"]: s for s in summaries}
+    mine = by_method["lossy:0.5"]
+    assert mine["time_per_example"] == pytest.approx(2.0) and mine["new_tokens"] == 60
+    half = 1.959964 * 1.0 / 3 ** 0.5  # standard deviation 1 over 3 examples
+    assert (mine["time_per_example_low"], mine["time_per_example_high"]) == (
+        pytest.approx(2.0 - half, abs=1e-4), pytest.approx(2.0 + half, abs=1e-4))
+    assert by_method["auto"]["time_per_example"] == pytest.approx((2 + 4 + 6 + 100) / 4)
+    # Every resample of the paired examples takes exactly half auto's time: the interval is the point.
+    assert (mine["time_speedup"], mine["time_speedup_low"], mine["time_speedup_high"]) == (
+        pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
+    assert by_method["auto"]["time_speedup"] is None
+    assert mine["speedup"] > 3 * mine["time_speedup"]  # tokens/s counts the longer answers as speed
+    table = markdown_table(summaries, "accuracy")
+    assert "| s/example (95% CI) | speedup by time (95% CI) |" in table.splitlines()[0]
+    assert table.splitlines()[-1].endswith("| 60.0 | 2.0 (0.9-3.1) | 2.00x (2.00-2.00) |")
+    write_summary(summaries, tmp_path, "accuracy")
+    with open(tmp_path / "summary.csv") as f:
+        written = list(csv.DictReader(f))
+    assert float(written[1]["time_per_example"]) == pytest.approx(2.0)
+    assert float(written[1]["time_speedup"]) == pytest.approx(2.0) and written[0]["time_speedup"] == ""

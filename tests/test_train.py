@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 import diversed.head.train as train
 from diversed.head.config import TrainConfig
-from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.model import FEATURES, EnsembleHead, HeadConfig, LenienceHead, build
 from diversed.head.ppo import ppo_terms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows
 from diversed.head.train import LOG_FILE, train_head
@@ -50,7 +50,8 @@ def synthetic(sequences: int = 4, per_sequence: int = 5, seed: int = 0) -> Rollo
     n = sequences * per_sequence
     return Rollouts(h_draft=torch.randn(n, 8, generator=g).half(), h_target=torch.randn(n, 12, generator=g).half(),
                     token=torch.randint(0, 40, (n,), generator=g), p_y=torch.full((n,), 0.9),
-                    q_y=torch.full((n,), 0.05), tv=torch.rand(n, generator=g), bonus=torch.arange(n) % 7 == 6,
+                    q_y=torch.full((n,), 0.05), tv=torch.rand(n, generator=g), features=torch.rand(n, 5, generator=g),
+                    kept=torch.arange(n) % 3 != 2, bonus=torch.arange(n) % 7 == 6,
                     old_w=torch.rand(n, generator=g), sequence=torch.arange(sequences).repeat_interleave(per_sequence),
                     reward=torch.rand(sequences, generator=g), advantage=torch.randn(sequences, generator=g),
                     mean_tv=0.5, info={"acceptance_rate": 0.5, "new_tokens": n, "seconds": 1.0, "completions": []})
@@ -91,7 +92,8 @@ def test_a_minibatch_keeps_its_sequences_tokens_renumbered():
 
 def test_the_summary_reads_w_over_scored_tokens_at_each_completions_first_token_and_by_disagreement():
     rollouts = synthetic()
-    summary = rollouts.summary()
+    summary = rollouts.summary(rollouts.old_w * rollouts.tv)
+    assert summary["acceptance"] == pytest.approx(rollouts.per_sequence_mean(1 - rollouts.old_w * rollouts.tv).item())
     assert summary["first_w"] == pytest.approx(rollouts.old_w[[0, 5, 10, 15]].mean().item())
     assert summary["mean_w"] == pytest.approx(rollouts.old_w[~rollouts.bonus].mean().item())
     scored = [i for i in range(20) if i % 7 != 6]
@@ -99,7 +101,7 @@ def test_the_summary_reads_w_over_scored_tokens_at_each_completions_first_token_
     assert summary["disagreement_w"] == pytest.approx(sum(w[i] * tv[i] for i in scored) / sum(tv[i] for i in scored))
     # Where the models disagree on one token only, the w there is the TV-weighted mean.
     one = replace(rollouts, tv=torch.zeros(20).index_fill_(0, torch.tensor([3]), 0.9))
-    assert one.summary()["disagreement_w"] == pytest.approx(rollouts.old_w[3].item())
+    assert one.summary(one.old_w * one.tv)["disagreement_w"] == pytest.approx(rollouts.old_w[3].item())
 
 
 @pytest.mark.parametrize("above", [True, False])
@@ -129,6 +131,56 @@ def test_with_a_ratio_of_one_the_update_is_reinforce_and_the_clip_does_not_act()
     expected = torch.autograd.grad(reinforce, head.net.weight)[0]
     for grad in grads:
         torch.testing.assert_close(grad, expected)
+
+
+def test_a_lenience_heads_update_is_reinforce_on_the_verdicts():
+    """At the sampling head a lenience head's policy gradient is -(1/S) sum A sum_t grad log P(verdict_t),
+    P = a_t = min(1, p(x) / ((1 - L_t) q(x))) where the draft was kept, 1 - a_t where it was rejected; its
+    acceptance term raises L (a_t grows with L)."""
+    head = build(HeadConfig(8, 12, kind="lenience"))
+    torch.manual_seed(0)
+    torch.nn.init.normal_(head.net.weight, std=0.05)
+    rollouts = synthetic()
+    rollouts.features[:, FEATURES.index("p(x)")] = 0.05  # the draft far likelier than the target: a_t < 1
+    rollouts.features[:, FEATURES.index("q(x)")] = 0.9
+    with torch.no_grad():
+        rollouts.old_w = head(None, rollouts.h_target.float(), rollouts.features)
+    terms = ppo_terms(head, rollouts, lam=0.0, clip=0.01)
+    grad = torch.autograd.grad(terms.pg_loss, head.net.weight)[0]
+    lenience = head(None, rollouts.h_target.float(), rollouts.features)
+    passed = (0.05 / ((1 - lenience) * 0.9)).clamp(max=1.0)
+    log_verdict = torch.log(torch.where(rollouts.kept, passed, 1 - passed))
+    reinforce = -(rollouts.advantage[rollouts.sequence] * log_verdict * ~rollouts.bonus).sum() / 4
+    torch.testing.assert_close(grad, torch.autograd.grad(reinforce, head.net.weight)[0])
+    acceptance = ppo_terms(head, rollouts, lam=1.0, clip=0.2).acceptance_term
+    bias = torch.autograd.grad(acceptance, head.net.bias)[0]
+    assert bias.item() < 0  # a descent step raises the logit of L
+
+
+@pytest.mark.parametrize("kind", ["lenience", "lenience-target"])
+def test_a_lenience_head_trains_a_step_and_its_rollouts_keep_the_verdicts(pair, tmp_path, kind):
+    head = train_head(pair, DRAFT_LOVER, config(kind=kind, lam=0.5, max_lenience=0.9), tmp_path, until_step=1,
+                      progress=False)
+    assert type(head) is LenienceHead and json.loads((tmp_path / "head.json").read_text())["kind"] == kind
+    row, = log_rows(tmp_path)
+    assert row["mean_w"] == pytest.approx(0.5) and row["updates"] == 4 and row["approx_kl"] >= 0
+    assert 0 < row["acceptance"] <= 1 and row["acceptance_grad_norm"] > 0
+    stored = Rollouts.load(tmp_path / ROLLOUTS, 1)
+    scored = ~stored.bonus
+    rejected = scored & ~stored.kept
+    assert rejected.any() and (scored & stored.kept).any()
+    # Where the draft was kept it is the token; where it was rejected, the correction is another token.
+    for name, emitted in (("p(x)", stored.p_y), ("q(x)", stored.q_y)):
+        column = stored.features[:, FEATURES.index(name)]
+        torch.testing.assert_close(column[scored & stored.kept], emitted[scored & stored.kept])
+    assert not torch.allclose(stored.features[rejected, FEATURES.index("q(x)")], stored.q_y[rejected])
+    assert type(EnsembleHead.load(tmp_path)) is LenienceHead
+
+
+def test_a_warm_start_refuses_a_head_of_another_kind(uninterrupted):
+    _, out = uninterrupted
+    with pytest.raises(ValueError, match="is 'mixture', this run trains 'lenience': pass --kind mixture"):
+        config(kind="lenience", init_head=str(out))
 
 
 def test_one_update_is_the_reinforce_gradient_of_the_stored_rollouts(pair, tmp_path):
@@ -360,7 +412,9 @@ def test_bad_training_settings_are_refused():
     for bad, message in ((dict(checkpoint_every=0), "checkpoint_every"), (dict(lr=0), "lr"),
                          (dict(samples_per_prompt=1), "samples_per_prompt"), (dict(temperature=0), "temperature"),
                          (dict(lam=-1), "lambda"), (dict(limit=0), "limit"), (dict(ppo_epochs=0), "ppo_epochs"),
-                         (dict(clip=0), "clip"), (dict(minibatches=9), "minibatches")):
+                         (dict(clip=0), "clip"), (dict(minibatches=9), "minibatches"), (dict(kind="bound"), "kind"),
+                         (dict(max_lenience=1.0), "max lenience"), (dict(initial_lenience=0.0), "initial"),
+                         (dict(max_lenience=float("nan")), "max_lenience")):
         with pytest.raises(ValueError, match=message):
             config(**bad)
 

@@ -432,6 +432,23 @@ def test_lossy_with_zero_lenience_equals_exact_under_same_seed():
                            "lossy l=0 vs exact")
 
 
+@pytest.mark.parametrize("lenience", [0.3, 0.9])
+def test_lossy_with_a_constant_lenience_per_token_equals_the_scalar_under_same_seed(lenience):
+    """A lenience head's tensor [B, N] of one value decides as that single lenience does."""
+    drafts, q, p = _mixed_batch()
+    _assert_same_decisions(_same_seed("lossy", drafts, q, p, lenience=torch.full(drafts.shape, lenience)),
+                           _same_seed("lossy", drafts, q, p, lenience=lenience), f"lossy l=[{lenience}] vs scalar")
+
+
+def test_lossy_applies_each_tokens_own_lenience():
+    """accept_prob at (b, i) is min(1, p(x) / ((1 - l_bi) q(x))) with that position's own l."""
+    drafts, q, p = (x[:64] for x in _mixed_batch())
+    lenience = torch.rand(drafts.shape, generator=torch.Generator().manual_seed(3)) * 0.99
+    result = _same_seed("lossy", drafts, q, p, lenience=lenience)
+    p_x, q_x = (d.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) for d in (p[:, :-1], q))
+    torch.testing.assert_close(result.accept_prob, (p_x / ((1 - lenience) * q_x)).clamp(max=1.0))
+
+
 @pytest.mark.parametrize("w", [0.0, 0.35, 1.0])
 def test_dynamic_with_constant_weight_equals_static_under_same_seed(w):
     drafts, q, p = _mixed_batch()
@@ -821,6 +838,12 @@ BAD_INPUTS = {
     "lenience 1": ("lossy", None, {"lenience": 1.0}, r"lenience.*\[0, 1\)"),
     "lenience negative": ("lossy", None, {"lenience": -0.1}, "lenience"),
     "lenience NaN": ("lossy", None, {"lenience": float("nan")}, "lenience"),
+    "lenience per position of 1": ("lossy", None, {"lenience": torch.full((_B, _N), 1.0)}, r"lenience.*\[0, 1\)"),
+    "lenience per position NaN": ("lossy", None, {"lenience": torch.full((_B, _N), float("nan"))}, "lenience"),
+    "lenience per position wrong shape": ("lossy", None, {"lenience": torch.full((_B, _N + 1), 0.5)},
+                                          r"lenience.*\[B, N\]"),
+    "lenience per position for lossy-entropy": ("lossy-entropy", None, {"lenience": torch.full((_B, _N), 0.5)},
+                                                "lenience.*single number.*'lossy'"),
     "chow alpha above 1": ("cascade-chow", None, {"alpha": 1.1}, r"alpha.*\[0, 1\]"),
     "opt alpha negative": ("cascade-opt", None, {"alpha": -0.1}, r"alpha.*\[0, 1\]"),
     "token alpha NaN": ("cascade-token", None, {"alpha": float("nan")}, "alpha"),
@@ -865,5 +888,6 @@ def test_every_rule_accepts_its_valid_parameters():
     for rule in RULES:
         result = verify(rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **params[rule])
         assert result.num_accepted.shape == (_B,)
+    verify("lossy", drafts, q, p, lenience=torch.full((_B, _N), 0.5))  # a lenience per drafted token too
     # float32 rounding in the row sums is tolerated
     verify("exact", drafts, q * (1 + 1e-5), p * (1 - 1e-5))

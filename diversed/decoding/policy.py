@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -29,6 +29,16 @@ from diversed.verify import Verification, verify
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
 WeightFn = Callable[[Tensor, Tensor], Tensor]
 Output = TypeVar("Output", Tensor, Verification)
+
+
+@runtime_checkable
+class LenienceFn(Protocol):
+    """A head that sets rule "lossy"'s lenience per drafted token instead of a mixture weight
+    (diversed.head.model.LenienceHead): lenience(drafts [B, N], q [B, N, V], p [B, N, V], target hidden
+    [B, N, d_target], shift) -> L [B, N] in [0, 1), the method's dial already applied. It reads no draft
+    hidden state: q is one-hot where the drafts were copied."""
+
+    def lenience(self, drafts: Tensor, q: Tensor, p: Tensor, h_target: Tensor, shift: float | None) -> Tensor: ...
 
 
 @dataclass(eq=False)
@@ -105,11 +115,11 @@ class Groups:
         p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
         bonus token from p after them), in one call of the rule per draft length among a group's rows."""
         def one(policy: Policy, rows: slice | list[int]) -> Verification:
-            params = policy.method.verify_params()
-            if policy.method.rule == "dynamic":
+            rule, params = policy.method.rule or "exact", policy.method.verify_params()
+            if rule == "dynamic":
                 with clock.phase("head"):
-                    params["weight"] = shifted(_checked_weights(policy.weight_fn(h_draft[rows], h_target[rows, :n]),
-                                                                 drafts[rows].shape), policy.method.shift)
+                    rule, params = _head_parameters(policy, drafts[rows], q[rows], p[rows, :n],
+                                                    None if h_draft is None else h_draft[rows], h_target[rows, :n])
             generator = self.streams[id(policy)][1]
             with clock.phase("verify"):
                 own = lengths[rows]
@@ -122,7 +132,7 @@ class Groups:
                     if length == 0:  # the target alone: p's token after no drafts, whatever the rule
                         out.next_token[at] = sample_tokens(policy.sampling, p[rows][at, 0], generator)
                         continue
-                    part = verify(policy.method.rule or "exact", drafts[rows][at, :length], q[rows][at, :length],
+                    part = verify(rule, drafts[rows][at, :length], q[rows][at, :length],
                                   p[rows][at, :length + 1], greedy=policy.sampling.greedy, generator=generator,
                                   validate=False, **{k: v[at, :length] if isinstance(v, Tensor) else v
                                                      for k, v in params.items()})
@@ -165,13 +175,26 @@ class Groups:
             return None
 
 
-def _checked_weights(weight: Tensor, shape: torch.Size) -> Tensor:
-    """A weight function's output must be one w in [0, 1] per drafted token (cheap to check: [B, N])."""
-    if tuple(weight.shape) != tuple(shape):
-        raise ValueError(f"weight_fn returned weights of shape {tuple(weight.shape)}, expected {tuple(shape)}")
-    if not bool(((weight >= 0) & (weight <= 1)).all()):
-        raise ValueError("weight_fn returned weights outside [0, 1] (or NaN)")
-    return weight
+def _head_parameters(policy: Policy, drafts: Tensor, q: Tensor, p: Tensor, h_draft: Tensor | None,
+                     h_target: Tensor) -> tuple[str, dict]:
+    """The rule and per-token parameter a head sets for its rows' drafts [B, N]: a lenience head's L for
+    "lossy" (LenienceFn), else the weight function's w for "dynamic", each with the method's dial."""
+    head, shift = policy.weight_fn, policy.method.shift
+    if isinstance(head, LenienceFn):
+        return "lossy", {"lenience": _checked(head.lenience(drafts, q, p, h_target, shift), drafts.shape,
+                                              "lenience", "[0, 1)")}
+    return "dynamic", {"weight": shifted(_checked(head(h_draft, h_target), drafts.shape, "weight", "[0, 1]"),
+                                         shift)}
+
+
+def _checked(value: Tensor, shape: torch.Size, name: str, bounds: str) -> Tensor:
+    """A head's output must be one value in `bounds` per drafted token (cheap to check: [B, N])."""
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"weight_fn returned {name}s of shape {tuple(value.shape)}, expected {tuple(shape)}")
+    inside = (value >= 0) & (value < 1 if bounds.endswith(")") else value <= 1)
+    if not bool(inside.all()):
+        raise ValueError(f"weight_fn returned {name}s outside {bounds} (or NaN)")
+    return value
 
 
 def _round_streams(policy: Policy) -> tuple[torch.Generator | None, torch.Generator | None]:

@@ -14,7 +14,8 @@ from scipy.stats import binomtest, norm, sem
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
            "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
            "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high", "tau",
-           "tokens_per_s", "speedup", "new_tokens")
+           "tokens_per_s", "speedup", "new_tokens", "time_per_example", "time_per_example_low",
+           "time_per_example_high", "time_speedup", "time_speedup_low", "time_speedup_high")
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
@@ -23,19 +24,23 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
 
     quality: mean reward with a 95% interval (Wilson's for 0/1 rewards, normal otherwise);
     acceptance_rate: accepted / drafted over all examples; tau: new tokens / target forwards;
-    tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's.
+    tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's; new_tokens: mean
+    new tokens per example; time_per_example: mean wall time per example, in seconds, with a 95% normal
+    interval (what a user waits for an answer: unlike tokens/s, it counts a method that writes longer answers
+    as slower).
     Paired comparisons on the examples both methods ran, with 95% percentile-bootstrap intervals (resampling
     examples, fixed seed): quality_vs_auto, the difference in mean reward from auto's; rejection_vs_exact,
     the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected);
     quality_vs_static, for a method off the static curve (DIVERSED, lossy, ...), its quality minus the static
-    ensemble's at the same acceptance (static_curve_quality).
+    ensemble's at the same acceptance (static_curve_quality); time_speedup, auto's total wall time over the
+    method's on the same examples (speedup from time per example).
     """
     summaries = []
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
-        rewards = [r["reward"] for r in mine]
+        rewards, times = [r["reward"] for r in mine], [r["wall_time"] for r in mine]
         low, high = _interval(rewards)
         new_tokens = sum(r["new_tokens"] for r in mine)
         forwards = sum(r["target_forwards"] for r in mine)
@@ -44,8 +49,9 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
             "quality_low": low, "quality_high": high,
             "acceptance_rate": _acceptance(mine),
             "tau": new_tokens / forwards if forwards else None,
-            "tokens_per_s": new_tokens / sum(r["wall_time"] for r in mine),
-            "new_tokens": new_tokens / len(mine)})
+            "tokens_per_s": new_tokens / sum(times),
+            "new_tokens": new_tokens / len(mine), "time_per_example": sum(times) / len(times),
+            **dict(zip(("time_per_example_low", "time_per_example_high"), _normal_interval(times), strict=True))})
     auto = next((s for s in summaries if s["method"] == "auto"), None)
     by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
     curve = [m for m in methods if _on_static_curve(m)]
@@ -54,7 +60,8 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
         method = s["method"]
         for key, others, statistic in (("quality_vs_auto", ["auto"], _quality_difference),
                                        ("rejection_vs_exact", ["exact"], _rejection_ratio),
-                                       ("quality_vs_static", curve, _quality_above_static_curve)):
+                                       ("quality_vs_static", curve, _quality_above_static_curve),
+                                       ("time_speedup", ["auto"], _time_speedup)):
             compared = (_paired_bootstrap({m: by_method[m] for m in [method, *others]},
                                           partial(statistic, method, others))
                         if others and method not in others and set(others) <= by_method.keys() else None)
@@ -110,6 +117,11 @@ def _quality_difference(method: str, others: list[str], rows: dict[str, list[dic
 def _rejection_ratio(method: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
     mine, theirs = _rejection(rows[method]), _rejection(rows[others[0]])
     return mine / theirs if mine is not None and theirs else None
+
+
+def _time_speedup(method: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
+    mine = sum(r["wall_time"] for r in rows[method])
+    return sum(r["wall_time"] for r in rows[others[0]]) / mine if mine else None
 
 
 def _quality_above_static_curve(method: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
@@ -179,6 +191,11 @@ def _interval(values: list[float]) -> tuple[float, float]:
     if set(values) <= {0.0, 1.0}:
         ci = binomtest(round(sum(values)), len(values)).proportion_ci(0.95, method="wilson")
         return float(ci.low), float(ci.high)
+    return _normal_interval(values)
+
+
+def _normal_interval(values: list[float]) -> tuple[float, float]:
+    """95% interval of a mean by the normal approximation (a point for a single value)."""
     mean = sum(values) / len(values)
     half = float(norm.ppf(0.975) * sem(values)) if len(values) > 1 else 0.0
     return mean - half, mean + half
@@ -187,8 +204,9 @@ def _interval(values: list[float]) -> tuple[float, float]:
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
     """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
     lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) "
-             "| vs static curve (95% CI) | tau | tokens/s | speedup | mean tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs static curve (95% CI) | tau | tokens/s | speedup | mean tokens | s/example (95% CI) "
+             "| speedup by time (95% CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         vs_auto, vs_static = (format_difference(_paired(s, key)) for key in ("quality_vs_auto", "quality_vs_static"))
         vs_exact = format_ratio(_paired(s, "rejection_vs_exact"))
@@ -196,7 +214,9 @@ def markdown_table(summaries: Sequence[dict], metric: str) -> str:
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
             f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
             f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {_number(s['tau'])} | "
-            f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} |")
+            f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} | "
+            f"{s['time_per_example']:.1f} ({s['time_per_example_low']:.1f}-{s['time_per_example_high']:.1f}) | "
+            f"{format_ratio(_paired(s, 'time_speedup'), 'x')} |")
     return "\n".join(lines)
 
 
@@ -210,9 +230,9 @@ def _paired(summary: dict, key: str) -> tuple[float, float, float] | None:
     return None if summary[key] is None else (summary[key], summary[key + "_low"], summary[key + "_high"])
 
 
-def format_ratio(value: tuple[float, float, float] | None) -> str:
-    """A paired ratio, (estimate, low, high): '0.64 (0.58-0.70)'."""
-    return "-" if value is None else "{:.2f} ({:.2f}-{:.2f})".format(*value)
+def format_ratio(value: tuple[float, float, float] | None, unit: str = "") -> str:
+    """A paired ratio, (estimate, low, high): '0.64 (0.58-0.70)', or with a unit '1.21x (1.10-1.33)'."""
+    return "-" if value is None else "{:.2f}{} ({:.2f}-{:.2f})".format(value[0], unit, *value[1:])
 
 
 def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header: str = "") -> None:

@@ -6,18 +6,23 @@ import json
 import math
 from dataclasses import dataclass
 
-from diversed.head.names import CONFIG_FILE, head_folder
+from diversed.head.names import CONFIG_FILE, KINDS, head_folder
 
 
 @dataclass
 class TrainConfig:
     """The knobs of head training.
 
-    lam: the speed/quality dial, the weight of the acceptance term A'(y) = mean_t (1 - w_t TV_t / mean TV),
-    the expected acceptance along a completion measured in units of the step's mean TV(q, p): 1 at w = 0,
-    about 0 at w = 1, for any pair (unnormalised, lambda's useful range moved with how much the two models
-    disagree; benchmarks/RESULTS.md has the runs that set the default). The log's pg_grad_norm and
-    acceptance_grad_norm show which term pulls harder.
+    kind: what the head sets per drafted token (diversed.head.names.KINDS): "mixture" (w, rule "dynamic"),
+    "lenience" (L of rule "lossy", from the target and the draft distribution) or "lenience-target" (L from
+    the target alone); max_lenience and initial_lenience: a lenience head's bound and its starting L
+    (initial_weight is a mixture head's starting w).
+    lam: the speed/quality dial, the weight of the acceptance term A'(y) = mean_t (1 - rejection_t / mean TV),
+    the expected acceptance along a completion measured in units of the step's mean TV(q, p), exact's
+    rejection rate (rejection_t = w_t TV_t for a mixture head, 1 - a_t(L_t) for a lenience head): 1 where
+    nothing is rejected, about 0 at exact, for any pair (unnormalised, lambda's useful range moved with how
+    much the two models disagree; benchmarks/RESULTS.md has the runs that set the default). The log's
+    pg_grad_norm and acceptance_grad_norm show which term pulls harder.
     ppo_epochs, minibatches, clip: each step's rollouts are used for ppo_epochs passes of `minibatches`
     updates each (random minibatches of completions); a token's importance ratio is clipped to [1 - clip,
     1 + clip] (diversed.head.ppo).
@@ -40,6 +45,9 @@ class TrainConfig:
     checkpoint_every: int = 5
     architecture: str = "linear"
     initial_weight: float = 0.5
+    kind: str = "mixture"
+    max_lenience: float = 0.99
+    initial_lenience: float = 0.5
     init_head: str | None = None  # warm start: a head or checkpoint folder (same pair, architecture) to begin from
     # Update only on the prompts whose samples' rewards differ (both terms; a step without any is skipped):
     # elsewhere the reward term is 0 and the acceptance term alone would pull w down unopposed.
@@ -47,7 +55,8 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("lam", "temperature", "lr", "weight_decay", "grad_clip", "clip", "initial_weight"):
+        for name in ("lam", "temperature", "lr", "weight_decay", "grad_clip", "clip", "initial_weight",
+                     "max_lenience", "initial_lenience"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{'lambda' if name == 'lam' else name} must be a finite number, got "
                                  f"{getattr(self, name)}")
@@ -55,6 +64,11 @@ class TrainConfig:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
         if not 0 < self.initial_weight < 1:
             raise ValueError(f"initial weight must be in (0, 1), got {self.initial_weight}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if not 0 < self.initial_lenience < self.max_lenience < 1:
+            raise ValueError(f"initial and max lenience must be 0 < initial < max < 1, got {self.initial_lenience} "
+                             f"and {self.max_lenience}")
         if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
         for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
@@ -73,7 +87,8 @@ class TrainConfig:
         if self.temperature <= 0:
             raise ValueError("training samples from the ensemble: temperature must be > 0")
         if self.init_head is not None:
-            architecture = json.loads((head_folder(self.init_head) / CONFIG_FILE).read_text()).get("architecture")
-            if architecture != self.architecture:
-                raise ValueError(f"the head in {self.init_head} is {architecture!r}, this run trains "
-                                 f"{self.architecture!r}: pass --architecture {architecture}")
+            start = json.loads((head_folder(self.init_head) / CONFIG_FILE).read_text())
+            for name, default in (("architecture", None), ("kind", "mixture")):  # heads before kinds: mixture
+                if (theirs := start.get(name, default)) != getattr(self, name):
+                    raise ValueError(f"the head in {self.init_head} is {theirs!r}, this run trains "
+                                     f"{getattr(self, name)!r}: pass --{name} {theirs}")

@@ -6,6 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 ARCHITECTURES = ("linear", "mlp")
+# What a head sets per drafted token (diversed.head.model): the mixture weight w of rule "dynamic" (the paper's
+# head), or the lenience L of rule "lossy", bounded by a maximum below 1, read from the target and the draft
+# distribution or from the target alone ("lenience-target", for any drafter, copied drafts included).
+KINDS = ("mixture", "lenience", "lenience-target")
+TARGET_ONLY = "lenience-target"
 WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
 # Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
 # was trained and what it scored on held-out problems. The default, used when none is named, is the one with

@@ -4,9 +4,10 @@ A step's rollouts are its `prompts_per_step x samples_per_prompt` completions, s
 speculative decoding with the head of that time, which keeps what the verifier saw at each token
 (diversed.head.train.Trace). They are kept flat over the generated tokens (no
 padding): for each token what the loss needs (the head's inputs, the token, p_t(y_t), q_t(y_t),
-TV(q_t, p_t), whether it was a bonus token, the sampling head's w_t, the completion it belongs to) and for
-each completion its reward and advantage. Bonus tokens had no draft and no w: the loss and the statistics
-use the other ("scored") tokens only.
+TV(q_t, p_t), the drafted token's numbers a lenience head reads and whether it was kept, whether it was a
+bonus token, the sampling head's w_t or L_t, the completion it belongs to) and for each completion its
+reward and advantage. Bonus tokens had no draft and no w: the loss and the statistics use the other
+("scored") tokens only.
 
 On disk, in a run's rollouts/ folder: step-000012.safetensors (the tensors; the head's inputs in float16,
 which halves the file and is where the stored w_t was computed) and step-000012.json (what a person reads:
@@ -27,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 ROLLOUTS = "rollouts"  # the folder of stored rollouts inside a training run's output
-_PER_TOKEN = ("h_draft", "h_target", "token", "p_y", "q_y", "tv", "bonus", "old_w", "sequence")
+_PER_TOKEN = ("h_draft", "h_target", "token", "p_y", "q_y", "tv", "features", "kept", "bonus", "old_w", "sequence")
 _PER_SEQUENCE = ("reward", "advantage")
 
 
@@ -41,8 +42,12 @@ class Rollouts:
     p_y: Tensor  # [N] float32: p_t(y_t), the target's probability of it
     q_y: Tensor  # [N] float32: q_t(y_t), the draft's
     tv: Tensor  # [N] float32: TV(q_t, p_t)
+    # [N, 5] float32: diversed.head.model.FEATURES of the token drafted at t (y_t where it was kept; the
+    # rejected draft where y_t is the correction); zeros at bonus tokens
+    features: Tensor
+    kept: Tensor  # [N] bool: the draft at t was kept (y_t is it), not rejected (y_t is the correction)
     bonus: Tensor  # [N] bool: drawn from p after a fully kept round, not from nu_t
-    old_w: Tensor  # [N] float32: w_t of the head that sampled the batch, on these (float16) inputs
+    old_w: Tensor  # [N] float32: w_t (a lenience head: L_t) of the head that sampled the batch, on these inputs
     sequence: Tensor  # [N] int64: the completion the token belongs to, 0..S-1, in order
     reward: Tensor  # [S] float32: the task's reward
     advantage: Tensor  # [S] float32: the reward minus the mean reward of the other samples of its prompt
@@ -66,9 +71,11 @@ class Rollouts:
         lengths = torch.bincount(self.sequence[scored], minlength=len(self.reward)).clamp_min(1)
         return (values[scored] / lengths[self.sequence[scored]]).sum() / len(self.reward)
 
-    def summary(self) -> dict:
-        """What the log reports about the rollouts: mean reward, the acceptance proxy A with the sampling
-        head, the measured acceptance rate, mean w and its spread over the scored tokens (a head that tells
+    def summary(self, rejection: Tensor) -> dict:
+        """What the log reports about the rollouts, given each token's rejection probability with the sampling
+        head (diversed.head.ppo.rejection): mean reward, the acceptance proxy A (1 - rejection, averaged), the
+        measured acceptance rate, mean w (for a lenience head, L: "w" in the log is the head's value) and its
+        spread over the scored tokens (a head that tells
         tokens apart from a static weight in disguise), mean w at the completions' first tokens, the mean w
         weighted by TV (the w where the models disagree, which alone sets how many drafts are rejected: most
         tokens have TV near 0, where w changes nothing), the mean TV, the tokens and the seconds they took (of
@@ -77,7 +84,7 @@ class Rollouts:
         first = torch.ones_like(self.sequence, dtype=torch.bool)
         first[1:] = self.sequence[1:] != self.sequence[:-1]
         return {"reward": self.reward.mean().item(),
-                "acceptance": self.per_sequence_mean(1 - self.old_w * self.tv).item(),
+                "acceptance": self.per_sequence_mean(1 - rejection).item(),
                 "acceptance_rate": self.info["acceptance_rate"], "mean_w": w.mean().item(),
                 "w_std": w.std().item() if len(w) > 1 else 0.0, "first_w": self.old_w[first].mean().item(),
                 "disagreement_w": ((w * tv).sum() / tv.sum()).item() if tv.sum() > 0 else float("nan"),

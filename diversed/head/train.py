@@ -1,21 +1,23 @@
-"""Training the weight head: PPO-style updates on stored rollouts, plus an acceptance reward (docs/algorithm.md
+"""Training a head: PPO-style updates on stored rollouts, plus an acceptance reward (docs/algorithm.md
 section 4).
 
 One step:
   1. rollouts: for each of `prompts_per_step` prompts, `samples_per_prompt` completions, all decoded together,
-     sampled from the ensemble nu_t = w_t p_t + (1 - w_t) q_t by speculative decoding with the "dynamic" rule
-     and the current head (every emitted token but the bonus tokens is distributed exactly as nu_t);
+     by speculative decoding with the current head: a mixture head samples from the ensemble
+     nu_t = w_t p_t + (1 - w_t) q_t (rule "dynamic": every emitted token but the bonus tokens is distributed
+     exactly as nu_t), a lenience head verifies with rule "lossy" at its L_t;
      the decoding keeps, at every emitted token, what the verifier saw there (Trace, through on_round):
-     both models' hidden states, p_t(y_t), q_t(y_t) and TV(q_t, p_t), so the models never run again for it
+     both models' hidden states, p_t(y_t), q_t(y_t), TV(q_t, p_t) and the drafted token's numbers and verdict,
+     so the models never run again for it
      (a teacher-forced pass over the completions took as long as sampling them);
   2. rewards R(y) from the task, and advantages R - b, b the mean reward of the other samples of the prompt;
-  3. the sampling head's w_t on the stored (float16) inputs;
+  3. the sampling head's w_t (or L_t) on the stored (float16) inputs;
   4. all that is stored (diversed.head.rollouts: rollouts/step-NNNNNN.safetensors + .json), so the models
      never run again for it: a killed run resumes without redoing the rollouts already stored;
   5. `ppo_epochs` passes over the stored rollouts in `minibatches` random minibatches of completions, each an
      AdamW update of the clipped surrogate plus the acceptance term (diversed.head.ppo, which says why the
      importance ratio is per token). With ppo_epochs = 1 and one minibatch the update is REINFORCE's:
-     -(R - b) * sum_t log nu_t(y_t) - lambda * A'(y).
+     -(R - b) * sum_t log nu_t(y_t) - lambda * A'(y) (for a lenience head, log of the verdicts' probabilities).
 Only the head trains. A checkpoint (head, optimizer, step) is written at the start and every
 `checkpoint_every` steps; a resumed run redoes the updates of the steps after its checkpoint from their
 stored rollouts, so no rollout is sampled twice and no update applied twice.
@@ -41,9 +43,9 @@ from tqdm import tqdm
 from diversed.decoding.engine import Round, decode
 from diversed.folders import changed_settings, check_writable
 from diversed.head.config import TrainConfig
-from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.model import EnsembleHead, HeadConfig, build, token_features
 from diversed.head.names import CONFIG_FILE, head_folder
-from diversed.head.ppo import ppo_terms, term_gradient_norms
+from diversed.head.ppo import ppo_terms, rejection, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
 from diversed.request import DraftLength, Method, Sampling
@@ -86,8 +88,9 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     head_config = HeadConfig(
         pair.draft.hidden_size, pair.target.hidden_size, config.architecture,
         initial_weight=config.initial_weight, draft_model=pair.draft_name, target_model=pair.target_name,
-        training={**asdict(config), "task": task.name, "examples": len(examples)})
-    head = EnsembleHead(head_config).to(pair.target.device)
+        training={**asdict(config), "task": task.name, "examples": len(examples)}, kind=config.kind,
+        max_lenience=config.max_lenience, initial_lenience=config.initial_lenience)
+    head = build(head_config).to(pair.target.device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     if config.init_head is not None and not resume:  # a resumed run takes its weights from its checkpoint
         _warm_start(head_folder(config.init_head), head, optimizer, pair)
@@ -109,7 +112,9 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         seed = config.seed * 1_000_003 + step
         rollouts = _rollouts(pair, head, [ids[i] for i in chosen], [examples[i] for i in chosen], task, config,
                              sampling, seed, out_dir / ROLLOUTS, step + 1)
-        record = {**rollouts.summary(), **_update(head, optimizer, rollouts, config, seed)}
+        with torch.no_grad():
+            rejected = rejection(head, rollouts.old_w, rollouts)
+        record = {**rollouts.summary(rejected), **_update(head, optimizer, rollouts, config, seed)}
         step += 1
         record = {"step": step, "epoch": epoch, **record, "seconds": time.perf_counter() - started}
         with open(out_dir / LOG_FILE, "a") as log:
@@ -143,12 +148,14 @@ def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examp
 @dataclass
 class Trace:
     """What the verifier saw at each token a job emitted: the draft's and the target's last hidden states that
-    predicted it, p(y) and q(y) as the rule used them, and TV(q, p). Training keeps its rollouts this way
-    instead of running both models over them again, through decode's on_round. A bonus token (drawn from p
-    after a fully kept round, not from the rule's target) had no draft: there the draft's state is zeros,
-    q(y) is p(y), TV is 0, and `bonus` is true."""
+    predicted it, p(y) and q(y) as the rule used them, TV(q, p), the FEATURES of the token drafted there
+    (diversed.head.model: y itself where it was kept, the rejected draft where y is the correction) and
+    whether it was kept. Training keeps its rollouts this way instead of running both models over them again,
+    through decode's on_round. A bonus token (drawn from p after a fully kept round, not from the rule's
+    target) had no draft: there the draft's state and the features are zeros, q(y) is p(y), TV is 0, and
+    `bonus` is true."""
 
-    parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+    parts: list[tuple[Tensor, ...]] = field(default_factory=list)
 
     def add(self, result: Round, row: int, count: int) -> None:
         """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
@@ -163,11 +170,15 @@ class Trace:
         tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
         h_draft = result.h_draft[row, :scored]
         h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
-        bonus = torch.arange(count, device=p_y.device) >= scored
-        self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv, bonus))
+        features = token_features(result.drafts[row, :scored], q, p[:scored])
+        features = torch.cat([features, features.new_zeros(count - scored, features.shape[-1])])
+        position = torch.arange(count, device=p_y.device)
+        self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv, features, position < kept,
+                           position >= scored))
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y, tv and bonus [T] over the job's T tokens."""
+    def tensors(self) -> tuple[Tensor, ...]:
+        """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y, tv [T], features [T, 5], kept and bonus [T]
+        over the job's T tokens."""
         if not self.parts:
             raise ValueError("the trace is empty: the job emitted no token")
         return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
@@ -190,15 +201,16 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
     device = pair.target.device
-    kept = [trace.tensors() for trace in traces]
-    if any(len(k[0]) != len(t) for k, t in zip(kept, generation.tokens, strict=True)):
+    traced = [trace.tensors() for trace in traces]
+    if any(len(k[0]) != len(t) for k, t in zip(traced, generation.tokens, strict=True)):
         raise RuntimeError("a trace missed tokens of its completion: every round must be speculative")
-    h_draft, h_target, p_y, q_y, tv, bonus = (torch.cat(column).to(device) for column in zip(*kept, strict=True))
+    h_draft, h_target, p_y, q_y, tv, features, kept, bonus = (torch.cat(column).to(device)
+                                                               for column in zip(*traced, strict=True))
     h_draft, h_target = h_draft.half(), h_target.half()
     if not (h_draft.isfinite().all() and h_target.isfinite().all()):
         raise ValueError("the models' hidden states overflow float16, the rollouts' storage type")
     with torch.no_grad():  # the sampling head's w on exactly the stored inputs: the ratio starts at exactly 1
-        old_w = head(h_draft.float(), h_target.float())
+        old_w = head(h_draft.float(), h_target.float(), features)
     reward = torch.tensor(rewards, dtype=torch.float32, device=device)
     lengths = torch.tensor([len(t) for t in generation.tokens], device=device)
     summary = generation.summary()
@@ -206,7 +218,8 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                    for i, (r, text) in enumerate(zip(rewards, texts, strict=True))]
     return Rollouts(h_draft=h_draft, h_target=h_target,
                     token=torch.tensor([t for row in generation.tokens for t in row], device=device),
-                    p_y=p_y.float(), q_y=q_y.float(), tv=tv.float(), bonus=bonus, old_w=old_w,
+                    p_y=p_y.float(), q_y=q_y.float(), tv=tv.float(), features=features, kept=kept, bonus=bonus,
+                    old_w=old_w,
                     sequence=torch.repeat_interleave(torch.arange(len(batch), device=device), lengths),
                     reward=reward, advantage=leave_one_out(reward, k),
                     mean_tv=tv[~bonus].mean().nan_to_num().item(),
