@@ -128,6 +128,7 @@ def generate(
 def load_head(pair: Pair, head: str | None = None) -> EnsembleHead:
     """A trained head for this pair (a folder, or the name of a head shipped for the default pair; None: the
     default one), refused if it was trained for other models."""
-    return EnsembleHead.load(head,
-                             draft_hidden=pair.draft.hidden_size, target_hidden=pair.target.hidden_size,
-                             draft_model=pair.draft_name, target_model=pair.target_name).to(pair.target.device)
+    draft = pair.draft
+    return EnsembleHead.load(head, draft_hidden=None if draft is None else draft.hidden_size,
+                             target_hidden=pair.target.hidden_size, draft_model=None if draft is None else
+                             pair.draft_name, target_model=pair.target_name).to(pair.target.device)

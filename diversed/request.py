@@ -165,7 +165,8 @@ class Method:
     without one the default head (diversed.head.model.head_folder). `shift`, for "diversed" only, is the
     strictness dial of a head: it is added to the head's logit, w = sigmoid(logit(w_head) + shift), so +1 is
     stricter everywhere (more weight on the target) and -1 more lenient, while the head's ranking of tokens
-    stays; spelled "diversed:HEAD@+1"."""
+    stays; spelled "diversed:HEAD@+1". For a lenience head (its L below a maximum L_max) the same dial moves
+    L = L_max sigmoid(logit(L_head / L_max) - shift): + is stricter there too."""
 
     name: str = "exact"
     weight: float | None = None
@@ -302,10 +303,11 @@ class DraftLength:
 # What generate() and `diversed generate` draft by default, per backend (benchmarks/README.md has the runs
 # that chose them). transformers: 20 tokens a round, a sequence stopping early once its draft is less than
 # 40% sure (transformers' assisted-generation defaults too); the fastest measured on the default pair at
-# T = 0 and T = 1. llama.cpp on a CPU: a verify pass costs nearly a step per token, so the speed model
-# chooses each round, the target alone included.
+# T = 0 and T = 1. llama.cpp on a CPU: the speed model chooses each round from measured costs, the target
+# alone included; up to 64 drafts, since a long copy (a file returned with one change) is kept for dozens of
+# tokens and a pass over 64 tokens costs a few over one.
 DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
-                    "llama.cpp": DraftLength(2, "auto", maximum=8, confidence=0.4)}
+                    "llama.cpp": DraftLength(2, "auto", maximum=64, confidence=0.4)}
 
 
 @dataclass(frozen=True)
@@ -344,9 +346,6 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
         method = Method.parse(method)
     if drafter not in DRAFTERS:
         raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(drafter)}")
-    if method.name == "diversed" and drafter in ("lookup", "suffix"):
-        raise RequestError("drafter", f"method {method.label!r} reads the draft model's hidden states, which {{}} "
-                                      f"{drafter!r} does not have: use 'model' or 'auto'")
     for name, value in (("temperature", temperature), ("top_p", top_p)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise RequestError(name, f"{{}} must be a finite number, got {_show(value)}")
@@ -370,7 +369,8 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
 def check_predictions(prediction: str | Sequence[str | None] | None, count: int, method: Method, drafter: str
                       ) -> list[str | None]:
     """One prediction per prompt (a string is every prompt's; None: none), and only where it is drafted from:
-    by the drafter "auto" or "prediction", for a method that verifies drafts of any kind."""
+    by the drafter "auto" or "prediction", for a method that verifies drafts (a mixture head's, which verifies
+    the draft model's only, is refused where the head is known: diversed.decoding.engine.Batch.check)."""
     predictions = [prediction] * count if prediction is None or isinstance(prediction, str) else list(prediction)
     if len(predictions) != count:
         raise RequestError("prediction", f"{{}} must be one string for every prompt or a list of one per prompt "
@@ -383,10 +383,8 @@ def check_predictions(prediction: str | Sequence[str | None] | None, count: int,
         raise RequestError("drafter", "{} 'prediction' drafts from a prediction: give one for every prompt")
     if given and drafter not in ("auto", "prediction"):
         raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")
-    if given and method.name in ("auto", "diversed"):
-        why = "decodes with the target alone" if method.name == "auto" else \
-            "verifies the draft model's drafts only (its head reads their hidden states)"
-        raise RequestError("prediction", f"method {method.label!r} {why}: a {{}} would go unused")
+    if given and method.name == "auto":
+        raise RequestError("prediction", "method 'auto' decodes with the target alone: a {} would go unused")
     return predictions
 
 

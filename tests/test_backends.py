@@ -245,7 +245,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
                  on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     assert any(t[-1] == 4 for t in out.tokens)
     kept_all = [trace.tensors() for trace in traces]
-    bonus = [kept[5].tolist() for kept in kept_all]
+    bonus = [kept[7].tolist() for kept in kept_all]
     h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(Pair(draft, target, None, "d", "t"), PROMPTS,
                                                              out.tokens, bonus, Sampling(1.0))
     assert 0 < (mask & ~scored).sum() and len(set(map(len, out.tokens))) > 1  # bonus tokens; rows end apart

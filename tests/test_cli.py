@@ -150,4 +150,4 @@ def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsy
 def test_the_packaged_head_is_refused_for_other_models(models, capsys):
     code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
                         "--method", "diversed", "t3"], capsys)
-    assert code == 2 and "was trained for draft hidden size 896" in err
+    assert code == 2 and "was trained for target hidden size 1536" in err

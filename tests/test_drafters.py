@@ -20,6 +20,7 @@ from diversed.decoding.drafters.base import Acceptance
 from diversed.decoding.drafters.prediction import Prediction
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
+from diversed.head.model import HeadConfig, build
 from diversed.request import DRAFTERS, DraftLength, Method, Sampling
 
 from tiny import perturbed, tiny_model
@@ -119,8 +120,9 @@ def test_greedy_exact_with_a_prediction_writes_the_targets_text_and_drafts_from_
         out = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
                      draft_length=schedule, max_new_tokens=40, predictions=predictions)
         assert out.tokens == plain.tokens
-        for stats in out.stats:
-            assert stats.drafters["prediction"][1] >= 20 and stats.target_forwards <= 12
+        for stats in out.stats:  # the auto schedule's choices follow measured times: only that it drafted
+            assert stats.drafters["prediction"][1] >= (20 if drafter == "prediction" else 1)
+            assert stats.target_forwards <= 12 or drafter == "auto"
 
 
 def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted():
@@ -170,6 +172,21 @@ def test_the_head_is_refused_on_drafts_without_a_draft_model(models):
     job = Job([1, 2, 3], Policy(Method("diversed"), GREEDY, weight_fn=lambda hd, ht: torch.ones(hd.shape[:2])))
     with pytest.raises(ValueError, match="hidden states"):
         Batch(target, make_drafter("lookup")).add(job)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "prediction", "auto"])
+def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
+    """A head that reads the target alone needs no draft model: it verifies lookup's and a prediction's drafts,
+    through the loop (only a mixture head is refused there)."""
+    target, _ = models
+    head = build(HeadConfig(8, 64, kind="lenience-target", initial_lenience=0.5))
+    plain = decode(target, PROMPTS[:2], method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    out = decode(target, PROMPTS[:2], drafter=drafter, method=Method("diversed"), weight_fn=head, sampling=GREEDY,
+                 draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
+    assert all(s.drafted > 0 for s in out.stats)
+    with pytest.raises(ValueError, match="mixture head"):
+        decode(target, PROMPTS[:1], drafter=drafter, method=Method("diversed"),
+               weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]), sampling=GREEDY, max_new_tokens=4)
 
 
 def test_a_row_that_allows_one_drafter_gets_drafts_from_it_only(models):

@@ -222,13 +222,17 @@ class Batch:
         if policy.drafts and self.drafter is None:
             raise ValueError(f"method {policy.method.label!r} needs a drafter (a draft model, or a drafter that "
                              "copies: 'lookup', 'suffix')")
-        if policy.method.rule == "dynamic":
-            if policy.weight_fn is None:
-                raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
-            if not self.drafter.has_hidden:
-                raise ValueError(f"method {policy.method.label!r} reads the draft model's hidden states, which "
-                                 f"drafter {self.drafter.name!r} does not have: use drafter 'model' or 'auto' with a "
-                                 "draft model")
+        if policy.method.rule == "dynamic" and policy.weight_fn is None:
+            raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+        if policy.reads_draft_hidden:
+            drafter = policy.drafter if policy.drafter != "auto" else self.drafter.name
+            if not self.drafter.has_hidden or drafter not in ("auto", "model"):
+                raise RequestError("drafter", f"method {policy.method.label!r} has a mixture head, which reads the "
+                                              f"draft model's hidden states: {{}} {drafter!r} has none (use 'model' "
+                                              "or 'auto' with a draft model)")
+            if job.prediction is not None:
+                raise RequestError("prediction", f"method {policy.method.label!r} has a mixture head, which verifies "
+                                                 "the draft model's drafts only: a {} would go unused")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
         if job.prediction is not None and self.target.context_length is not None and \
                 len(job.prompt) + len(job.prediction) > self.target.context_length:

@@ -59,6 +59,12 @@ class Policy:
     def drafts(self) -> bool:
         return self.method.name != "auto"
 
+    @property
+    def reads_draft_hidden(self) -> bool:
+        """Whether its head reads the draft model's hidden states (a mixture head: then only the draft model's
+        drafts can be verified); a lenience head reads the target's alone."""
+        return self.method.rule == "dynamic" and not isinstance(self.weight_fn, LenienceFn)
+
 
 class Groups:
     """The rows of one round grouped by policy (in order of first appearance)."""
@@ -74,8 +80,13 @@ class Groups:
 
     @property
     def hidden(self) -> bool:
-        """Whether any row needs the models' hidden states (a head)."""
+        """Whether any row needs the target's hidden states (a head)."""
         return any(policy.method.rule == "dynamic" for policy, _ in self.groups)
+
+    @property
+    def draft_hidden(self) -> bool:
+        """Whether any row needs the draft model's hidden states (a mixture head)."""
+        return any(policy.reads_draft_hidden for policy, _ in self.groups)
 
     def draft_caps(self, n: int, room: Sequence[int]) -> list[int]:
         """Each row's drafts this round: n, but at most room[r] (what row r may still write, less the round's

@@ -168,8 +168,11 @@ class Trace:
         p_y = p.gather(-1, tokens.to(p.device)[:, None]).squeeze(-1)
         q_y = torch.cat([q.gather(-1, tokens[:scored].to(q.device)[:, None]).squeeze(-1), p_y[scored:]])
         tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
-        h_draft = result.h_draft[row, :scored]
-        h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
+        if result.h_draft is None:  # a lenience head's rounds: nothing reads the draft's states
+            h_draft = p.new_zeros(count, 0)
+        else:
+            h_draft = result.h_draft[row, :scored]
+            h_draft = torch.cat([h_draft, h_draft.new_zeros(count - scored, h_draft.shape[-1])])
         features = token_features(result.drafts[row, :scored], q, p[:scored])
         features = torch.cat([features, features.new_zeros(count - scored, features.shape[-1])])
         position = torch.arange(count, device=p_y.device)

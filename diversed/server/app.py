@@ -149,9 +149,6 @@ class Server:
         room = context_room((self.pair.target, self.pair.draft), len(ids), self.drafting.longest)
         max_tokens = call.max_tokens or max(min(self.config.max_tokens or room, room), 1)
         drafter = call.drafter or self.config.drafter
-        if method.name == "diversed" and drafter in ("lookup", "suffix"):
-            raise BadRequest(f"verification 'diversed' reads the draft model's hidden states, which drafter "
-                             f"{drafter!r} does not have: use drafter 'model' or 'auto'", "drafter")
         if drafter == "model" and self.pair.draft is None:
             raise BadRequest("this server has no draft model: use drafter 'auto', 'lookup' or 'suffix'", "drafter")
         try:

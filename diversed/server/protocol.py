@@ -109,7 +109,7 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
     return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
-                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body, method),
+                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body),
                 stream, include_usage, model, _prediction(body))
 
 
@@ -131,13 +131,10 @@ def _prediction(body: dict) -> str | None:
     return _encodable("prediction.content", content)
 
 
-def _drafter(body: dict, method: Method) -> str | None:
+def _drafter(body: dict) -> str | None:
     drafter = body.get("drafter")
     if drafter is not None and drafter not in DRAFTERS:
         raise BadRequest(f"drafter must be one of {list(DRAFTERS)}", "drafter")
-    if method.name == "diversed" and drafter in ("lookup", "suffix"):
-        raise BadRequest(f"verification 'diversed' reads the draft model's hidden states, which drafter {drafter!r} "
-                         "does not have: use drafter 'model' or 'auto'", "drafter")
     return drafter
 
 

@@ -16,8 +16,8 @@ from diversed.decoding.schedule import SpeedModel
 
 class AutoDrafter:
     """Copying drafters and, where the pair has one, the draft model. Without a speed model (a schedule other
-    than auto), the draft model drafts where there is one and copying otherwise. A head (which reads the draft
-    model's hidden states) gets the draft model's drafts only."""
+    than auto), the draft model drafts where there is one and copying otherwise. A mixture head (which reads the
+    draft model's hidden states) gets the draft model's drafts only."""
 
     name = "auto"
 
@@ -42,7 +42,7 @@ class AutoDrafter:
     def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
                 ) -> Proposal | None:
         model_caps = groups.only("model", caps)
-        if groups.hidden:  # a head reads the draft model's hidden states: its drafts only
+        if groups.draft_hidden:  # a mixture head reads the draft model's hidden states: its drafts only
             return self.model.propose(model_caps, groups, clock, speed) if self.model is not None else None
         with clock.phase("draft forward"):
             per_copier = [copier.candidates(groups.only(copier.name, caps)) for copier in self.copiers]

@@ -83,14 +83,14 @@ def _draft(draft, tokens: list[list[int]], caps: list[int], groups: Groups, conf
     for i in range(max(max(caps), 1)):
         before = clock.seconds["draft forward"]
         with clock.phase("draft forward"):
-            h, logits = draft.feed(tokens, 1, hidden=groups.hidden)
+            h, logits = draft.feed(tokens, 1, hidden=groups.draft_hidden)
         seconds.append(clock.seconds["draft forward"] - before)
         with clock.phase("sampling"):
             q = groups.probs(logits[:, -1])
             x = groups.sample(q, drafting=True)
         drafts.append(x)
         probs.append(q)
-        if groups.hidden:
+        if groups.draft_hidden:
             states.append(h[:, -1])
         if confidence:
             unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
@@ -98,5 +98,5 @@ def _draft(draft, tokens: list[list[int]], caps: list[int], groups: Groups, conf
         if (lengths <= i + 1).all():
             break
         tokens = [[t] for t in x.tolist()]
-    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.hidden else None,
+    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.draft_hidden else None,
             lengths.clamp(max=len(drafts)), seconds)
