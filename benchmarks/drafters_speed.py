@@ -1,7 +1,8 @@
 """Zero-cost drafters on llama.cpp, in one interleaved run on one machine: plain llama.cpp, llama.cpp's own
 draftless speculative decoding (`llama-server --spec-type ngram-*`), and `diversed` with each drafter, on
-four workloads: code edits (mbpp-edit), revisions in a conversation (mbpp-edit-2turn), GSM8K and HumanEval
-(novel code, where copying finds little).
+five workloads: whole-file edits (file-edit: most of the answer is a copy of the file in the prompt), code
+edits (mbpp-edit), revisions in a conversation (mbpp-edit-2turn), GSM8K and HumanEval (novel code, where
+copying finds little).
 
 Per workload and temperature, one row per configuration: tokens/s (new tokens over the wall time of the
 whole generation, prompt processing included, for every engine alike), time per prompt, acceptance, tokens
@@ -12,12 +13,13 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
 - plain llama.cpp: llama_speed.plain_llama (llama-cpp-python's low-level API, llama.cpp's sampler chain).
 - llama-server MODE: one server per mode, all loaded before the run (idle ones cost nothing), given the same
   token ids on /completion with prompt caching off; its time is its reported prompt and generation time.
-  Each mode's setting is the fastest of a small grid (MODE_GRID) on tuning prompts (mbpp-edit *train*
+  Each mode's setting is the fastest of a small grid (MODE_GRID) on tuning prompts (`--tune-task`'s *train*
   problems, never the measured ones), chosen by `--tune` before the run and printed with it.
 - ours DRAFTER METHOD: `diversed.decode` with the default drafting of `diversed generate` on llama.cpp (the
   auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has. `repeat`: the same
   request sent a second time to a server, whose suffix cache holds the first answer (at T = 0 the answer
-  repeats in full; at T = 1 with another seed, in part).
+  repeats in full; at T = 1 with another seed, in part). `prediction`: the request sends the file it shows
+  as its prediction (OpenAI's Predicted Outputs; file-edit only).
 - oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that
   knows how many tokens of the better of lookup's and the suffix cache's proposals will be kept drafts exactly
   those when that is faster, priced with the verify times measured here (`costs`); its time is the cheapest
@@ -40,7 +42,7 @@ from machine import describe
 from serve_speed import free_port, start
 
 from diversed.backends.llama_cpp import default_threads
-from diversed.decoding.drafters import LookupDrafter, SuffixCache, SuffixDrafter
+from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.models.default_pair import default_gguf_pair
@@ -50,7 +52,8 @@ from diversed.tasks import get_task
 from diversed.text import encode_messages, encode_prompt
 
 OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7",
-        "auto exact repeat")
+        "auto exact repeat", "auto exact prediction", "auto lossy:0.5 prediction", "auto static:0.7 prediction")
+WIDTHS = (*range(1, 17), 24, 32, 48, 65)  # verify passes timed for the oracle (its drafts: one fewer)
 # llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last).
 MODE_GRID = {
     "ngram-simple": [["--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m", str(m),
@@ -62,11 +65,9 @@ MODE_GRID = {
 }
 
 
-def workloads(edit: int, turns: int, gsm8k: int, humaneval: int) -> dict[str, list]:
-    """Held-out prompts per workload: strings for the chat template, or chat messages (two turns)."""
-    sizes = {"mbpp-edit": edit, "mbpp-edit-2turn": turns, "gsm8k": gsm8k, "humaneval": humaneval}
-    return {name: [e.prompt_for(chat=True) for e in get_task(name).examples("test", limit=size)]
-            for name, size in sizes.items() if size}
+def workloads(sizes: dict[str, int]) -> dict[str, list]:
+    """Held-out examples per workload (their prompts: strings for the chat template, or chat messages)."""
+    return {name: get_task(name).examples("test", limit=size) for name, size in sizes.items() if size}
 
 
 def token_ids(pair: Pair, prompt) -> list[int]:
@@ -75,15 +76,18 @@ def token_ids(pair: Pair, prompt) -> list[int]:
     return encode_prompt(pair.tokenizer, prompt)
 
 
-def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int
-         ) -> tuple[SequenceStats, float, list[int]]:
+def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int,
+         prediction: list[int] | None = None) -> tuple[SequenceStats, float, list[int]]:
     """One `diversed.decode` call for 'DRAFTER METHOD'; 'DRAFTER METHOD repeat': the same request a second
-    time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`."""
-    drafter, method, *repeat = spec.split()
+    time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`;
+    'DRAFTER METHOD prediction': with `prediction` (token ids) as the request's predicted output."""
+    drafter, method, *extra = spec.split()
+    repeat = "repeat" in extra
     cache = SuffixCache()
     options = dict(draft=pair.draft, drafter=drafter, cache=cache, method=Method.parse(method),
                    sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend],
-                   max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids)
+                   max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids,
+                   predictions=[prediction] if "prediction" in extra else None)
     if repeat:
         decode(pair.target, [ids], seed=seed + 1, **options)
     start = time.perf_counter()
@@ -121,11 +125,11 @@ class LlamaServer:
         self.process.wait()
 
 
-def verify_costs(pair: Pair, ids: list[int], widths: int = 9, repeats: int = 7) -> dict[int, float]:
-    """The target's pass over k tokens after a prompt (k = 1..widths), seconds, medians of `repeats`."""
+def verify_costs(pair: Pair, ids: list[int], widths=WIDTHS, repeats: int = 5) -> dict[int, float]:
+    """The target's pass over k tokens after a prompt (k in widths), seconds, medians of `repeats`."""
     rows = pair.target.rows(1)
     rows.feed([ids], 1)
-    held, times = len(ids), {k: [] for k in range(1, widths + 1)}
+    held, times = len(ids), {k: [] for k in widths}
     for _ in range(repeats):
         for k in times:
             start = time.perf_counter()
@@ -135,29 +139,35 @@ def verify_costs(pair: Pair, ids: list[int], widths: int = 9, repeats: int = 7) 
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
-def oracle_seconds(ids: list[int], written: list[int], costs: dict[int, float], cache: SuffixCache) -> float:
-    """The fastest copying could write `written` after `ids`: each position's best proposal (lookup or the
-    suffix cache) matched against what follows; a round drafts n <= matched tokens and writes n + 1 for the
-    pass at width n + 1 (the cheapest plan over positions, by dynamic programming)."""
-    lookup, suffix = LookupDrafter(), SuffixDrafter(cache)
-    lookup.add(ids)
-    suffix.add(ids)
+def oracle_seconds(ids: list[int], written: list[int], costs: dict[int, float], cache: SuffixCache,
+                   prediction: list[int] | None = None) -> float:
+    """The fastest copying could write `written` after `ids` once the prompt pass wrote its first token: each
+    position's best proposal (lookup, the suffix cache or the prediction) matched against what follows; a
+    round drafts n <= matched tokens and writes n + 1 for the pass at width n + 1 (the cheapest plan over
+    positions, by dynamic programming)."""
+    drafters = [LookupDrafter(), SuffixDrafter(cache), PredictionDrafter()]
+    for drafter in drafters:
+        drafter.add(ids, prediction)
+        drafter.advance([written[:1]])
+    written = written[1:]
     longest = max(costs) - 1
     matched = []
     for i in range(len(written)):
         best = 0
-        for drafter in (lookup, suffix):
+        for drafter in drafters:
             (candidate,) = drafter.candidates([longest])
             if candidate is not None:
                 best = max(best, _prefix(candidate.tokens, written[i:]))
         matched.append(best)
-        lookup.advance([written[i:i + 1]])
-        suffix.advance([written[i:i + 1]])
+        for drafter in drafters:
+            drafter.advance([written[i:i + 1]])
+    suffix = drafters[1]
     suffix.select([])
     end = len(written)
     fastest = [0.0] * (end + 1)
     for i in range(end - 1, -1, -1):
-        fastest[i] = min(costs[n + 1] + fastest[min(i + n + 1, end)] for n in range(min(matched[i], longest) + 1))
+        fastest[i] = min(costs[n + 1] + fastest[min(i + n + 1, end)] for n in range(min(matched[i], longest) + 1)
+                         if n + 1 in costs)
     return fastest[0]
 
 
@@ -191,16 +201,20 @@ def tune(binary: str, target: Path, pair: Pair, prompts: list, tokens: int) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server (omit: no llama-server rows)")
+    parser.add_argument("--file-edit", type=int, default=8)
     parser.add_argument("--edit", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--gsm8k", type=int, default=3)
     parser.add_argument("--humaneval", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=192)
+    parser.add_argument("--file-edit-tokens", type=int, default=1024, help="the most new tokens of a file-edit "
+                                                                            "answer (a whole file)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--sampled-workloads", nargs="+", default=["mbpp-edit", "humaneval"],
+    parser.add_argument("--sampled-workloads", nargs="+", default=["file-edit", "mbpp-edit", "humaneval"],
                         help="the workloads also run at temperatures above 0")
     parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER METHOD' pairs")
-    parser.add_argument("--tune", type=int, default=3, help="mbpp-edit train prompts to choose llama-server's settings")
+    parser.add_argument("--tune", type=int, default=3, help="train prompts to choose llama-server's settings")
+    parser.add_argument("--tune-task", default="mbpp-edit", help="the task whose train prompts tune llama-server")
     parser.add_argument("--settings", type=Path, help="take llama-server's settings from an earlier run's JSON "
                                                       "(its llama_server_settings) instead of tuning")
     parser.add_argument("--out", type=Path)
@@ -208,16 +222,19 @@ def main() -> None:
 
     pair = load_pair(backend="llama.cpp")
     _, target_gguf = default_gguf_pair()
-    sets = workloads(args.edit, args.turns, args.gsm8k, args.humaneval)
-    costs = verify_costs(pair, token_ids(pair, sets["mbpp-edit"][0]))
+    sets = workloads({"file-edit": args.file_edit, "mbpp-edit": args.edit, "mbpp-edit-2turn": args.turns,
+                      "gsm8k": args.gsm8k, "humaneval": args.humaneval})
+    costs = verify_costs(pair, token_ids(pair, next(iter(sets.values()))[0].prompt_for(chat=True)))
     print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()), flush=True)
     report = {"machine": describe(),
               "tokens": args.tokens, "costs_ms": {k: 1000 * v for k, v in costs.items()}, "results": []}
     servers = {}
     if args.llama_server:
-        tuning = [e.prompt for e in get_task("mbpp-edit").examples("train", limit=args.tune)] if args.tune else []
+        tuning = [e.prompt_for(chat=True) for e in get_task(args.tune_task).examples("train", limit=args.tune)] \
+            if args.tune else []
+        tune_tokens = args.file_edit_tokens if args.tune_task == "file-edit" else args.tokens
         settings = (json.loads(args.settings.read_text())["llama_server_settings"] if args.settings else
-                    tune(args.llama_server, target_gguf, pair, tuning, args.tokens))
+                    tune(args.llama_server, target_gguf, pair, tuning, tune_tokens))
         report["llama_server_settings"] = settings
         servers = {mode: LlamaServer(args.llama_server, target_gguf, mode, setting)
                    for mode, setting in {"none": [], **settings}.items()}
@@ -247,28 +264,33 @@ def main() -> None:
             server.close()
 
 
-def run_workload(args, pair: Pair, servers: dict, prompts: list, temperature: float, eos: set[int],
+def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: float, eos: set[int],
                  costs: dict[int, float]) -> tuple[dict[str, Row], float]:
     """Every configuration on every prompt of one workload, interleaved; and the oracle's tokens/s."""
-    tokens = args.tokens
-    runs = {"plain llama.cpp": lambda ids, seed: (*plain_llama(pair.target, ids, tokens, temperature, seed, eos),
-                                                  None)}
+    file_edit = "original" in examples[0].metadata
+    tokens = args.file_edit_tokens if file_edit else args.tokens
+    runs = {"plain llama.cpp": lambda ids, seed, _: (*plain_llama(pair.target, ids, tokens, temperature, seed, eos),
+                                                     None)}
     for mode, server in servers.items():
         runs["llama-server" if mode == "none" else f"llama-server {mode}"] = (
-            lambda ids, seed, server=server: server.run(ids, tokens, temperature, seed))
+            lambda ids, seed, _, server=server: server.run(ids, tokens, temperature, seed))
     for spec in args.ours:
-        runs[f"ours {spec}"] = lambda ids, seed, spec=spec: ours(pair, ids, spec, tokens, temperature, seed)
-    warm = token_ids(pair, prompts[0])
+        if "prediction" not in spec or file_edit:
+            runs[f"ours {spec}"] = lambda ids, seed, predicted, spec=spec: ours(pair, ids, spec, tokens, temperature,
+                                                                                seed, predicted)
+    warm = token_ids(pair, examples[0].prompt_for(chat=True))
     for name in runs:  # the auto schedule's costs and llama.cpp's buffers, before anything is timed
         if name.startswith("ours"):
-            runs[name](warm[:64], 0)
+            runs[name](warm[:64], 0, warm[:32])
     rows = {name: Row(name) for name in runs}
     written, oracle_time, oracle_tokens = {}, 0.0, 0
-    for i, prompt in enumerate(prompts):
-        ids = token_ids(pair, prompt)
+    for i, example in enumerate(examples):
+        ids = token_ids(pair, example.prompt_for(chat=True))
+        predicted = pair.tokenizer(example.metadata["original"], add_special_tokens=False)["input_ids"] \
+            if file_edit else None
         order = list(runs) if i % 2 == 0 else list(reversed(runs))
         for name in order:
-            stats, seconds, out = runs[name](ids, 1000 + i)
+            stats, seconds, out = runs[name](ids, 1000 + i, predicted)
             rows[name].add(stats, seconds)
             written[name] = out
         # The oracle writes what our exact auto run wrote (plain llama.cpp returns no tokens): its first token
@@ -276,9 +298,9 @@ def run_workload(args, pair: Pair, servers: dict, prompts: list, temperature: fl
         plain = rows["plain llama.cpp"].stats[-1]
         text = written.get("ours auto exact") or []
         prompt_pass = max(plain.wall_time - (plain.new_tokens - 1) * costs[1], 0.0)
-        oracle_time += prompt_pass + oracle_seconds(ids + text[:1], text[1:], costs, SuffixCache())
+        oracle_time += prompt_pass + oracle_seconds(ids, text, costs, SuffixCache(), predicted)
         oracle_tokens += len(text)
-        print(f"T = {temperature}: prompt {i + 1}/{len(prompts)} done", flush=True)
+        print(f"T = {temperature}: prompt {i + 1}/{len(examples)} done", flush=True)
     return rows, oracle_tokens / oracle_time if oracle_time else 0.0
 
 

@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="constant (default), heuristic, or auto (the speed model; --draft-len is then the longest)")
     ev.add_argument("--drafter", choices=DRAFTERS, default="model",
                     help="what drafts: model (default, the draft model), lookup, suffix or auto (see generate)")
+    ev.add_argument("--prediction", action="store_true",
+                    help="send each example's input text as its predicted output (Predicted Outputs; file-edit: "
+                         "the file the request shows), with --drafter auto or prediction")
     ev.add_argument("--max-new-tokens", type=int, help="default: the task's")
     ev.add_argument("--split", default="test")
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
@@ -344,7 +347,8 @@ def _eval(args: argparse.Namespace) -> int:
                         drafter=args.drafter,
                         max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
                         split=args.split, limit=args.limit, seed=args.seed, dtype=args.dtype,
-                        draft_int8=args.draft_int8, backend=_check_load_options(args), batch_size=args.batch_size)
+                        draft_int8=args.draft_int8, backend=_check_load_options(args), batch_size=args.batch_size,
+                        prediction=args.prediction)
     task.examples(config.split, limit=config.limit)  # the task refuses a split it does not have
     check_out_dir(args.out, args.resume)
     _init_distributed(args)

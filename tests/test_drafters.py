@@ -45,6 +45,32 @@ def test_lookup_proposes_what_followed_the_longest_earlier_match():
     assert drafter.candidates([4, 4])[1] is None
 
 
+def test_lookup_keeps_copying_from_the_place_it_follows():
+    """The 8 tokens 1..8 occur twice: an answer that copies the first occurrence goes on with what follows it
+    there, where a fresh lookup of its latest 8 tokens would jump to the second."""
+    repeated = list(range(1, 9))
+    drafter = LookupDrafter()
+    drafter.add([40, *repeated, 20, 21, *repeated, 30, 31, 99, 40])  # the answer has begun with 40
+    assert drafter.candidates([3])[0].tokens == [1, 2, 3]
+    drafter.advance([[1, 2, 3]])
+    assert drafter.candidates([5])[0].tokens == [4, 5, 6, 7, 8]
+    drafter.advance([[4, 5, 6, 7, 8]])
+    assert drafter.candidates([2])[0].tokens == [20, 21]
+    assert drafter.indexes[0].find(drafter.texts[0])[0] == 19  # where a fresh lookup would have gone: 30
+
+
+def test_a_long_run_of_foretold_tokens_is_its_own_kind_of_proposal():
+    drafter = LookupDrafter()
+    drafter.add(list(range(100, 140)) + [100])  # the answer has begun copying the first 40 tokens
+    for i in range(1, 20):
+        (candidate,) = drafter.candidates([1])
+        assert candidate.bucket[0] == ("run" if i > 16 else candidate.bucket[0])
+        drafter.advance([[100 + i]])
+    assert drafter.runs == [19] and drafter.candidates([1])[0].bucket == ("run", 16)
+    drafter.advance([[7]])  # a departure ends the run
+    assert drafter.runs == [0]
+
+
 def test_the_suffix_cache_proposes_the_most_frequent_continuation_with_its_frequency():
     cache = SuffixCache()
     for text in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 5]):

@@ -216,6 +216,8 @@ REFUSED = {  # what is wrong: (methods, settings, the error's words)
     "draft length 0": ("exact", {"draft_len": 0}, "draft_length"),
     "draft confidence 1": ("exact", {"draft_confidence": 1.0}, "confidence"),
     "a split the task does not have": ("exact", {"split": "tset"}, "no examples in split 'tset'"),
+    "a prediction the task cannot give": ("exact", {"prediction": True, "drafter": "auto"}, "no input text"),
+    "a prediction nothing drafts from": ("exact", {"prediction": True}, "drafted from by drafter"),
 }
 
 
@@ -237,6 +239,19 @@ def test_a_refused_evaluation_writes_nothing_and_the_corrected_one_runs(case, pa
     assert not out.exists()
     evaluate(pair, small_task, ["exact"], SMALL, out, progress=False)
     assert [(r["example"], r["method"]) for r in rows(out)] == [("1", "exact")]
+
+
+def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens(pair, small_task, tmp_path):
+    """Each example's input text as its prediction (file-edit's file): rows count the accepted and rejected
+    prediction tokens; the target alone (auto) runs without one, as every prediction's baseline."""
+    examples = [replace(e, metadata={"original": "t5 t6 t7 t8"}) for e in small_task.examples("test")]
+    task = replace(small_task, examples=lambda split, limit=None: examples[:limit])
+    config = replace(SMALL, prediction=True, drafter="auto", max_new_tokens=8)
+    evaluate(pair, task, ["auto", "exact"], config, tmp_path / "eval", progress=False)
+    by_method = {r["method"]: r for r in rows(tmp_path / "eval") if r["example"] == "1"}
+    assert "accepted_prediction_tokens" not in by_method["auto"]
+    exact = by_method["exact"]
+    assert exact["accepted_prediction_tokens"] + exact["rejected_prediction_tokens"] == 4
 
 
 def test_an_out_path_at_or_under_a_file_is_refused(pair, small_task, tmp_path):

@@ -52,6 +52,7 @@ class EvalConfig:
     draft_int8: bool = False  # asked for; it applies to float32 and float16 CPU drafts
     backend: str = ""
     batch_size: int = 1  # examples decoded together per method (peers always run one at a time)
+    prediction: bool = False  # each example's input text (metadata["original"]) as its predicted output
 
     def __post_init__(self) -> None:
         Sampling(self.temperature)  # its own checks: >= 0, not NaN
@@ -68,6 +69,8 @@ class EvalConfig:
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.prediction and self.drafter not in ("auto", "prediction"):
+            raise ValueError(f"prediction is drafted from by drafter 'auto' or 'prediction', not {self.drafter!r}")
 
     @property
     def drafting(self) -> DraftLength:
@@ -125,6 +128,11 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
         raise ValueError(f"task {config.task!r} has no examples in split {config.split!r}")
     if len({e.id for e in examples}) != len(examples):
         raise ValueError(f"task {config.task!r} has examples with the same id: results would overwrite each other")
+    if config.prediction and any("original" not in e.metadata for e in examples):
+        raise ValueError(f"task {config.task!r} has no input text to predict its answers with (prediction: "
+                         "file-edit has)")
+    if config.prediction and any(m.partition(":")[0] in PEERS for m in methods):
+        raise ValueError("transformers' assisted generation takes no prediction: leave out its methods")
     heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.partition(":")[0] == "diversed"}
     _check_resumable(out_dir, config, resume)  # on every rank, so that all of them stop together
     _barrier()
@@ -249,7 +257,10 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
         completions = generate(pair, prompts, method=label, drafter=config.drafter,
                                temperature=config.temperature, draft_length=config.drafting,
                                max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
-                               seed=seed, weight_fn=head)
+                               seed=seed, weight_fn=head,
+                               # The target alone (auto) drafts nothing: it is every prediction's baseline.
+                               prediction=[examples[i].metadata["original"] for i in indices]
+                               if config.prediction and label != "auto" else None)
         results = [(c.text, c.metrics) for c in completions]
     rows = []
     for index, (text, metrics) in zip(indices, results, strict=True):

@@ -67,6 +67,11 @@ class Drafter(Protocol):
 # A kind of proposal starts as if 1 of 6 had been kept: it drafts once it has shown better (it learns from
 # rounds it did not draft too). Chosen by replay on training prompts (benchmarks/copy_replay.py).
 PRIOR = (1.0, 5.0)
+# A copy that has gone on for LONG_RUN tokens is its own kind of proposal, by how long (16-63, 64 and more),
+# whatever started it: a file sent back with one change is copied for hundreds of tokens. Such a kind starts
+# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py).
+LONG_RUN = 16
+RUN_PRIOR = (1.0, 5.0)
 
 
 class Acceptance:
@@ -84,14 +89,17 @@ class Acceptance:
         self.counts: dict[tuple, list[float]] = {}
         self.prior, self.decay = prior, decay
 
+    def _prior(self, bucket: tuple) -> tuple[float, float]:
+        return RUN_PRIOR if bucket[0] == "run" else self.prior
+
     def rate(self, bucket: tuple) -> float:
-        kept, rejected = self.counts.get(bucket, self.prior)
+        kept, rejected = self.counts.get(bucket, self._prior(bucket))
         return kept / (kept + rejected)
 
     def observe(self, bucket: tuple, proposed: Sequence[int], written: Sequence[int]) -> int:
         """Score a proposal against what the row wrote; returns how many of its tokens matched."""
         matched = _common_prefix(proposed, written)
-        counts = self.counts.setdefault(bucket, list(self.prior))
+        counts = self.counts.setdefault(bucket, list(self._prior(bucket)))
         counts[0] = self.decay * counts[0] + matched
         # A mismatch inside what was written is a rejection; a proposal longer than it tells nothing more.
         counts[1] = self.decay * counts[1] + (matched < min(len(proposed), len(written)))
@@ -134,20 +142,26 @@ class CopyDrafter:
     def __init__(self) -> None:
         self.texts: list[list[int]] = []
         self.last: list[Candidate | None] = []  # each row's latest candidate, scored by `advance`
+        self.runs: list[int] = []  # per row, how many tokens in a row its proposals have foretold
         self.acceptance = Acceptance()
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
         """What this drafter would propose for row `row`, at most cap tokens (None: nothing to copy)."""
         raise NotImplementedError
 
+    def bucket(self, row: int, short: tuple) -> tuple:
+        return run_bucket(self.runs[row], short)
+
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.texts.append([])
         self.last.append(None)
+        self.runs.append(0)
         self._append(len(self.texts) - 1, prompt)
 
     def select(self, rows: Sequence[int]) -> None:
         self.texts = [self.texts[r] for r in rows]
         self.last = [self.last[r] for r in rows]
+        self.runs = [self.runs[r] for r in rows]
 
     def candidates(self, caps: Sequence[int]) -> list[Candidate | None]:
         """Every row's candidate (kept, to be scored against what the row writes)."""
@@ -162,13 +176,20 @@ class CopyDrafter:
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         for row, (written, last) in enumerate(zip(emitted, self.last, strict=True)):
-            if last is not None:
-                self.acceptance.observe(last.bucket, last.tokens, written)
+            matched = 0 if last is None else self.acceptance.observe(last.bucket, last.tokens, written)
+            # A run goes on while every proposal matched all of what could be compared with it.
+            whole = last is not None and matched == min(len(last.tokens), len(written))
+            self.runs[row] = self.runs[row] + matched if whole else 0
             self._append(row, written)
         self.last = [None] * len(self.texts)
 
     def _append(self, row: int, tokens: Sequence[int]) -> None:
         self.texts[row].extend(tokens)
+
+
+def run_bucket(run: int, short: tuple) -> tuple:
+    """A proposal's kind: ("run", 16 or 64) after a run of that many foretold tokens, else `short`."""
+    return ("run", 64 if run >= 64 else LONG_RUN) if run >= LONG_RUN else short
 
 
 def best_candidate(options: Sequence[Candidate | None], cap: int) -> int:

@@ -49,36 +49,52 @@ class NgramIndex:
 
 
 class LookupDrafter(CopyDrafter):
-    """Prompt lookup over each row's own text."""
+    """Prompt lookup over each row's own text. Once a row's text follows what it copied, it keeps copying from
+    that place (`places`) as long as the text agrees with it, instead of looking up its latest n-gram again:
+    in code, a short n-gram recurs, and its latest occurrence is often in the answer itself, not the place
+    being copied."""
 
     name = "lookup"
 
     def __init__(self) -> None:
         self.indexes: list[NgramIndex] = []
         self.outcomes: list[str] = []
+        self.places: list[int | None] = []  # per row, where the copy under way continues
+        self.starts: list[int] = []  # per row, where its latest candidate was copied from
         super().__init__()
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.indexes.append(NgramIndex())
         self.outcomes.append("none")
+        self.places.append(None)
+        self.starts.append(0)
         super().add(prompt)
 
     def select(self, rows: Sequence[int]) -> None:
         self.indexes = [self.indexes[r] for r in rows]
         self.outcomes = [self.outcomes[r] for r in rows]
+        self.places = [self.places[r] for r in rows]
+        self.starts = [self.starts[r] for r in rows]
         super().select(rows)
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
+        for row, (last, written) in enumerate(zip(self.last, emitted, strict=True)):
+            start, text = self.starts[row], self.texts[row]
+            agrees = last is not None and text[start:start + len(written)] == list(written)
+            self.places[row] = start + len(written) if agrees else None
         super().advance(emitted)
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
-        text = self.texts[row]
-        found = self.indexes[row].find(text)
-        if found is None:
+        text, place = self.texts[row], self.places[row]
+        if place is not None:
+            start, n = place, LONGEST_MATCH
+        elif (found := self.indexes[row].find(text)) is not None:
+            start, n = found
+        else:
             return None
-        start, n = found
-        bucket = (match_class(n), self.outcomes[row])
+        self.starts[row] = start
+        bucket = self.bucket(row, (match_class(n), self.outcomes[row]))
         return Candidate(text[start:start + cap], bucket, self.acceptance.rate(bucket))
 
     def _append(self, row: int, tokens: Sequence[int]) -> None:

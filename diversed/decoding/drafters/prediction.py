@@ -11,7 +11,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from difflib import SequenceMatcher
 
-from diversed.decoding.drafters.base import Candidate, CopyDrafter
+from diversed.decoding.drafters.base import Candidate, CopyDrafter, run_bucket
 from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcome
 
 # A prediction is the user's word that the answer repeats it: a proposal from one starts as if 4 of 5 had been
@@ -74,6 +74,7 @@ class PredictionDrafter(CopyDrafter):
         self.predictions.append(Prediction(prediction) if prediction else None)
         self.outcomes.append("none")
         self.last.append(None)
+        self.runs.append(0)  # unused: a prediction keeps its own run of agreement
         self.texts.append([])  # the row's text is its prediction's business: nothing else is copied from
 
     def select(self, rows: Sequence[int]) -> None:
@@ -95,7 +96,7 @@ class PredictionDrafter(CopyDrafter):
         prediction = self.predictions[row]
         if prediction is None or prediction.place is None or prediction.place >= len(prediction.tokens):
             return None
-        bucket = (match_class(prediction.run), self.outcomes[row])
+        bucket = run_bucket(prediction.run, (match_class(prediction.run), self.outcomes[row]))
         return Candidate(prediction.tokens[prediction.place:prediction.place + cap], bucket,
                          self.acceptance.rate(bucket))
 

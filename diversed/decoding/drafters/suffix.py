@@ -137,6 +137,7 @@ class SuffixDrafter(CopyDrafter):
         self.outcomes.append("none")
         self.texts.append(self.cache.texts[self.ids[-1]])  # the cache's own list: one copy of the text
         self.last.append(None)
+        self.runs.append(0)
 
     def select(self, rows: Sequence[int]) -> None:
         for row in set(range(len(self.ids))) - set(rows):
@@ -155,7 +156,7 @@ class SuffixDrafter(CopyDrafter):
         if found is None or not found[0]:
             return None
         tokens, n, frequency = found
-        bucket = (match_class(n), "agreed" if frequency == 1.0 else "split", self.outcomes[row])
+        bucket = self.bucket(row, (match_class(n), "agreed" if frequency == 1.0 else "split", self.outcomes[row]))
         return Candidate(tokens, bucket, self.acceptance.rate(bucket))
 
     def _append(self, row: int, tokens: Sequence[int]) -> None:
