@@ -54,7 +54,9 @@ from diversed.text import encode_messages, encode_prompt
 OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7",
         "auto exact repeat", "auto exact prediction", "auto lossy:0.5 prediction", "auto static:0.7 prediction")
 WIDTHS = (*range(1, 17), 24, 32, 48, 65)  # verify passes timed for the oracle (its drafts: one fewer)
-# llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last).
+# llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last); `--grid
+# small` (long answers, where each try takes a minute) tries the short-answer winner of the earlier runs and
+# the defaults only, and ngram-map-k (last in every earlier run) at its defaults.
 MODE_GRID = {
     "ngram-simple": [["--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m", str(m),
                       "--spec-draft-n-max", str(m)] for n, m in ((3, 4), (4, 8), (6, 8), (12, 48))],
@@ -63,6 +65,9 @@ MODE_GRID = {
     "ngram-mod": [["--spec-ngram-mod-n-match", str(k), "--spec-ngram-mod-n-min", str(lo),
                    "--spec-ngram-mod-n-max", str(hi)] for k, lo, hi in ((6, 2, 8), (12, 4, 16), (24, 48, 64))],
 }
+SMALL_GRID = {"ngram-simple": [MODE_GRID["ngram-simple"][1], MODE_GRID["ngram-simple"][-1]],
+              "ngram-map-k": MODE_GRID["ngram-map-k"][-1:],
+              "ngram-mod": MODE_GRID["ngram-mod"][1:]}
 
 
 def workloads(sizes: dict[str, int]) -> dict[str, list]:
@@ -178,12 +183,13 @@ def _prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def tune(binary: str, target: Path, pair: Pair, prompts: list, tokens: int) -> dict[str, list[str]]:
-    """Each llama-server mode's fastest setting of MODE_GRID at T = 0 on tuning prompts (none: the first)."""
+def tune(binary: str, target: Path, pair: Pair, prompts: list, tokens: int, grids: dict = MODE_GRID
+         ) -> dict[str, list[str]]:
+    """Each llama-server mode's fastest setting of its grid at T = 0 on tuning prompts (none: the first)."""
     if not prompts:
-        return {mode: grid[0] for mode, grid in MODE_GRID.items()}
+        return {mode: grid[0] for mode, grid in grids.items()}
     chosen = {}
-    for mode, grid in MODE_GRID.items():
+    for mode, grid in grids.items():
         speeds = []
         for setting in grid:
             server = LlamaServer(binary, target, mode, setting)
@@ -215,6 +221,7 @@ def main() -> None:
     parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER METHOD' pairs")
     parser.add_argument("--tune", type=int, default=3, help="train prompts to choose llama-server's settings")
     parser.add_argument("--tune-task", default="mbpp-edit", help="the task whose train prompts tune llama-server")
+    parser.add_argument("--grid", choices=("full", "small"), default="full", help="llama-server settings to tune")
     parser.add_argument("--settings", type=Path, help="take llama-server's settings from an earlier run's JSON "
                                                       "(its llama_server_settings) instead of tuning")
     parser.add_argument("--out", type=Path)
@@ -234,7 +241,8 @@ def main() -> None:
             if args.tune else []
         tune_tokens = args.file_edit_tokens if args.tune_task == "file-edit" else args.tokens
         settings = (json.loads(args.settings.read_text())["llama_server_settings"] if args.settings else
-                    tune(args.llama_server, target_gguf, pair, tuning, tune_tokens))
+                    tune(args.llama_server, target_gguf, pair, tuning, tune_tokens,
+                         SMALL_GRID if args.grid == "small" else MODE_GRID))
         report["llama_server_settings"] = settings
         servers = {mode: LlamaServer(args.llama_server, target_gguf, mode, setting)
                    for mode, setting in {"none": [], **settings}.items()}

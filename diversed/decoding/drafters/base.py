@@ -69,9 +69,10 @@ class Drafter(Protocol):
 PRIOR = (1.0, 5.0)
 # A copy that has gone on for LONG_RUN tokens is its own kind of proposal, by how long (16-63, 64 and more),
 # whatever started it: a file sent back with one change is copied for hundreds of tokens. Such a kind starts
-# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py).
+# as if 64 of 65 had been kept: chosen by replay on training prompts (benchmarks/copy_replay.py --long), the
+# most optimistic prior tried, since long runs are rare where nothing is copied and long where something is.
 LONG_RUN = 16
-RUN_PRIOR = (1.0, 5.0)
+RUN_PRIOR = (64.0, 1.0)
 
 
 class Acceptance:
