@@ -128,7 +128,7 @@ def test_report_of_some_methods_compares_the_examples_those_finished(complete, t
 
 def test_plots_are_written(complete):
     out, _ = complete
-    for name in ("quality_vs_acceptance", "quality_vs_speedup", "throughput_vs_acceptance"):
+    for name in ("quality_vs_acceptance", "quality_vs_speedup", "quality_vs_time", "throughput_vs_acceptance"):
         path = out / f"{name}.png"
         assert path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
 
@@ -451,6 +451,26 @@ def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance
     assert diversed["quality_vs_static_low"] <= diversed["quality_vs_static"] <= diversed["quality_vs_static_high"]
     assert all(by_method[m]["quality_vs_static"] is None for m in ("auto", "exact", "static:0.5"))
     assert summarize_results(rows, methods) == list(by_method.values())  # fixed seed: repeatable
+
+
+def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_drawn(tmp_path):
+    from diversed.evaluation.report import plot_tradeoffs
+
+    methods = ["auto", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
+    rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
+    rows = (synthetic_rows("auto", 0, rewards) + synthetic_rows("exact", 8, rewards)
+            + synthetic_rows("lossy:0.9", 9, [0] * 10) + synthetic_rows("cactus:1", 9, [0] * 10)
+            + synthetic_rows("diversed:head", 8, rewards))
+    for row in rows[:10]:
+        row["drafted"] = 0
+    for i, row in enumerate(rows[-10:]):
+        row["accepted"] = 9 if i % 2 else 8
+    summaries = summarize_results(rows, methods)
+    head = summaries[-1]
+    assert head["quality_vs_lossy"] == pytest.approx(0.3) and head["quality_vs_static"] is None  # no static ran
+    assert summaries[3]["quality_vs_lossy"] is not None  # cactus, on the lenience curve's range
+    paths = plot_tradeoffs(summaries, tmp_path, "pass@1")
+    assert {p.stem for p in paths} >= {"quality_vs_acceptance", "quality_vs_time"}
 
 
 def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():

@@ -13,7 +13,8 @@ from scipy.stats import binomtest, norm, sem
 
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
            "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
-           "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high", "tau",
+           "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high",
+           "quality_vs_lossy", "quality_vs_lossy_low", "quality_vs_lossy_high", "tau",
            "tokens_per_s", "speedup", "new_tokens", "time_per_example", "time_per_example_low",
            "time_per_example_high", "time_speedup", "time_speedup_low", "time_speedup_high")
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
@@ -32,8 +33,9 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
     examples, fixed seed): quality_vs_auto, the difference in mean reward from auto's; rejection_vs_exact,
     the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected);
     quality_vs_static, for a method off the static curve (DIVERSED, lossy, ...), its quality minus the static
-    ensemble's at the same acceptance (static_curve_quality); time_speedup, auto's total wall time over the
-    method's on the same examples (speedup from time per example).
+    ensemble's at the same acceptance (static_curve_quality); quality_vs_lossy, the same against the lenience
+    curve (exact and the lossy:L that ran); time_speedup, auto's total wall time over the method's on the same
+    examples (speedup from time per example).
     """
     summaries = []
     for method in methods:
@@ -55,12 +57,14 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
     auto = next((s for s in summaries if s["method"] == "auto"), None)
     by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
     curve = [m for m in methods if _on_static_curve(m)]
+    lenience = [m for m in methods if m == "exact" or m.startswith("lossy:")]
     for s in summaries:
         s["speedup"] = s["tokens_per_s"] / auto["tokens_per_s"] if auto else None
         method = s["method"]
         for key, others, statistic in (("quality_vs_auto", ["auto"], _quality_difference),
                                        ("rejection_vs_exact", ["exact"], _rejection_ratio),
                                        ("quality_vs_static", curve, _quality_above_static_curve),
+                                       ("quality_vs_lossy", lenience, _quality_above_static_curve),
                                        ("time_speedup", ["auto"], _time_speedup)):
             compared = (_paired_bootstrap({m: by_method[m] for m in [method, *others]},
                                           partial(statistic, method, others))
@@ -125,6 +129,7 @@ def _time_speedup(method: str, others: list[str], rows: dict[str, list[dict]]) -
 
 
 def _quality_above_static_curve(method: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
+    """The method's quality minus the curve's (static's, or any family's through exact) at its acceptance."""
     static = static_curve_quality([rows[m] for m in curve], _acceptance(rows[method]))
     return None if static is None else _mean_reward(rows[method]) - static
 
@@ -204,16 +209,17 @@ def _normal_interval(values: list[float]) -> tuple[float, float]:
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
     """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
     lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) "
-             "| vs static curve (95% CI) | tau | tokens/s | speedup | mean tokens | s/example (95% CI) "
-             "| speedup by time (95% CI) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs static curve (95% CI) | vs lenience curve (95% CI) | tau | tokens/s | speedup | mean tokens "
+             "| s/example (95% CI) | speedup by time (95% CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        vs_auto, vs_static = (format_difference(_paired(s, key)) for key in ("quality_vs_auto", "quality_vs_static"))
+        vs_auto, vs_static, vs_lossy = (format_difference(_paired(s, key)) for key in
+                                        ("quality_vs_auto", "quality_vs_static", "quality_vs_lossy"))
         vs_exact = format_ratio(_paired(s, "rejection_vs_exact"))
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
             f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
-            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {_number(s['tau'])} | "
+            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {vs_lossy} | {_number(s['tau'])} | "
             f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} | "
             f"{s['time_per_example']:.1f} ({s['time_per_example_low']:.1f}-{s['time_per_example_high']:.1f}) | "
             f"{format_ratio(_paired(s, 'time_speedup'), 'x')} |")
@@ -245,12 +251,19 @@ def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header:
     (out_dir / "summary.md").write_text((header + "\n\n" if header else "") + markdown_table(summaries, metric) + "\n")
 
 
-def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
-    """quality_vs_acceptance.png, quality_vs_speedup.png and throughput_vs_acceptance.png.
+# Training-free families drawn as curves through their points, each from exact (its strictest end: w = 1,
+# L = 0, a budget of 0) by its parameter, which the points are annotated with.
+FAMILIES = {"static": ("w", "tab:blue"), "lossy": ("L", "tab:orange"), "cactus": ("d", "tab:brown"),
+            "lossy-entropy": ("L", "tab:olive")}
 
-    The static ensemble's sweep is drawn as a curve (ordered by w, with exact as its w = 1 end), auto as a
-    point, DIVERSED
-    heads as stars and transformers' assisted generation as crosses (its defaults as a plus)."""
+
+def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
+    """quality_vs_acceptance.png, quality_vs_speedup.png, quality_vs_time.png (time per example) and
+    throughput_vs_acceptance.png.
+
+    Each training-free family that ran (static, lossy, cactus, lossy-entropy) is drawn as a curve through its
+    points and exact, in order of acceptance; auto is a point, DIVERSED heads are stars and transformers'
+    assisted generation crosses (its defaults a plus); quality has its 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -259,18 +272,23 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
     paths = []
     for x_key, y_key, name in (("acceptance_rate", "quality", "quality_vs_acceptance"),
                                ("speedup", "quality", "quality_vs_speedup"),
+                               ("time_per_example", "quality", "quality_vs_time"),
                                ("acceptance_rate", "tokens_per_s", "throughput_vs_acceptance")):
-        points = [s for s in summaries if s[x_key] is not None]
+        points = [s for s in summaries if s.get(x_key) is not None]
         if not points:
             continue
         fig, ax = plt.subplots(figsize=(6, 4.5))
-        static = sorted((s for s in points if _on_static_curve(s["method"])), key=lambda s: _static_weight(s["method"]))
-        if len(static) > 1:
-            ax.plot([s[x_key] for s in static], [_scale(s[y_key], y_key) for s in static], "-", color="tab:blue",
-                    label="static ensemble (w sweep; exact is w = 1)")
-        for s in static:
-            ax.annotate(f"w={_static_weight(s['method']):g}", (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
-                        textcoords="offset points", xytext=(4, 4))
+        exact = [s for s in points if s["method"] == "exact"]
+        for family, (letter, color) in FAMILIES.items():
+            members = [s for s in points if s["method"].partition(":")[0] == family]
+            curve = sorted(exact + members, key=lambda s: s["acceptance_rate"] or 0.0)
+            if members and len(curve) > 1:
+                ax.plot([s[x_key] for s in curve], [_scale(s[y_key], y_key) for s in curve], "-", color=color,
+                        label=f"{family} ({letter} sweep, from exact)")
+            for s in members:
+                value = s["method"].partition(":")[2].split(",")[0]
+                ax.annotate(f"{letter}={value}", (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
+                            textcoords="offset points", xytext=(4, 4))
         labels = _labels([s["method"] for s in points])
         for s in points:
             marker, color, size = _style(s["method"])
@@ -278,7 +296,8 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
                      if y_key == "quality" else None)
             ax.errorbar(s[x_key], _scale(s[y_key], y_key), yerr=error, fmt=marker, color=color, markersize=size,
                         capsize=3, label=labels[s["method"]])
-        ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone"}[x_key])
+        ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone (tokens/s)",
+                       "time_per_example": "seconds per example"}[x_key])
         ax.set_ylabel(f"{metric} (%)" if y_key == "quality" else "tokens/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the axes: never over a point
@@ -364,9 +383,9 @@ def _style(method: str) -> tuple[str, str, int]:
         return "*", "tab:red", 14
     if method.startswith("hf-"):
         return ("P" if method == "hf-default" else "x"), "tab:gray", 9
-    if _on_static_curve(method):
-        return ("D", "tab:green", 8) if method == "exact" else ("o", "tab:blue", 7)
-    return {"auto": ("s", "black", 8)}.get(method, ("^", "tab:purple", 8))
+    if method.partition(":")[0] in FAMILIES:
+        return "o", FAMILIES[method.partition(":")[0]][1], 7
+    return {"auto": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
 
 
 def _labels(methods: list[str]) -> dict[str, str]:
