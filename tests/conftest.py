@@ -3,6 +3,7 @@
 import pytest
 
 import diversed.decoding.schedule as schedule
+from diversed.tasks.sandbox import SandboxUnavailableError, isolation
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -12,3 +13,12 @@ def _costs_kept_apart(tmp_path_factory):
     schedule.COSTS.path = tmp_path_factory.mktemp("costs") / schedule.COSTS_FILE
     yield
     schedule.COSTS.path = original
+
+
+@pytest.fixture
+def sandbox():
+    """Skip a test that runs code where bubblewrap does not work (rather than fail it, or run code unconfined)."""
+    try:
+        isolation()
+    except SandboxUnavailableError as e:
+        pytest.skip(f"needs the bubblewrap sandbox: {e}")

@@ -21,15 +21,6 @@ from diversed.tasks.file_edit import (
     plant,
     reward,
 )
-from diversed.tasks.sandbox import SandboxUnavailableError, isolation
-
-
-@pytest.fixture
-def sandbox():
-    try:
-        isolation()
-    except SandboxUnavailableError as e:
-        pytest.skip(f"needs the bubblewrap sandbox: {e}")
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the data's regexes in plain strings ("\\w")

@@ -10,18 +10,8 @@ import pytest
 from diversed.tasks import get_task
 from diversed.tasks.mbpp import MbppProblem, load_mbpp
 from diversed.tasks.mbpp_edit import EDITS, MBPP_EDIT, MBPP_EDIT_2TURN, clean_code, edit_for, examples, parse
-from diversed.tasks.sandbox import SandboxUnavailableError, isolation
 
 SPLITS = ("test", "validation", "train", "prompt")
-
-
-@pytest.fixture
-def sandbox():
-    """Skip a test that runs code where bubblewrap does not work (rather than fail it, or run code unconfined)."""
-    try:
-        isolation()
-    except SandboxUnavailableError as e:
-        pytest.skip(f"needs the bubblewrap sandbox: {e}")
 
 
 def _problem(task_id: int, code: str) -> MbppProblem:
