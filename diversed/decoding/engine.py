@@ -243,9 +243,12 @@ class Batch:
             _check_prompt(self.drafter.draft_model, "draft", job.prompt, job.max_new_tokens,
                           self.draft_length.longest)
 
-    def add(self, job: Job) -> None:
-        """Join a job: its rows are added now, its prompt is fed in the next round."""
-        self.check(job)
+    def add(self, job: Job, checked: bool = False) -> None:
+        """Join a job: its rows are added now, its prompt is fed in the next round. checked: check(job) already
+        ran against a batch of these models and drafting (a server's, on its event loop, to answer 400 before
+        queueing): not again."""
+        if not checked:
+            self.check(job)
         if len(self.jobs) >= self.capacity:
             raise RuntimeError(f"the batch is full ({self.capacity} jobs)")
         job.started = time.perf_counter()

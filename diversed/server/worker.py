@@ -100,7 +100,7 @@ class Worker:
         if job.cancelled:
             return
         try:
-            self.batch.add(job)
+            self.batch.add(job, checked=True)  # the server checked it before submitting (Server.job)
             self._errors[id(job)] = on_error
         except (ValueError, RuntimeError) as error:
             on_error(job, str(error))
