@@ -74,7 +74,7 @@ class PredictionDrafter(CopyDrafter):
         self.predictions.append(Prediction(prediction) if prediction else None)
         self.outcomes.append("none")
         self.last.append(None)
-        self.runs.append(0)  # unused: a prediction keeps its own run of agreement
+        self.runs.append(0)
         self.texts.append([])  # the row's text is its prediction's business: nothing else is copied from
 
     def select(self, rows: Sequence[int]) -> None:
@@ -84,13 +84,11 @@ class PredictionDrafter(CopyDrafter):
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
-        for prediction, written in zip(self.predictions, emitted, strict=True):
-            if prediction is not None:
-                prediction.follow(written)
-        for last, written in zip(self.last, emitted, strict=True):
-            if last is not None:
-                self.acceptance.observe(last.bucket, last.tokens, written)
-        self.last = [None] * len(self.predictions)
+        super().advance(emitted)
+
+    def _append(self, row: int, tokens: Sequence[int]) -> None:
+        if (prediction := self.predictions[row]) is not None:  # the answer moves its place; no text is kept
+            prediction.follow(tokens)
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
         prediction = self.predictions[row]
