@@ -8,26 +8,30 @@ from dataclasses import dataclass
 from diversed.decoding.drafters import SuffixCache, prediction_tokens
 from diversed.decoding.engine import context_room, decode
 from diversed.decoding.policy import WeightFn
+from diversed.decoding.provenance import records
 from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
 from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, check_request
-from diversed.text import StreamedText, cut_at_stop, encode_prompt, stop_checker
+from diversed.text import StreamedText, TokenTexts, cut_at_stop, encode_prompt, stop_checker
 
 
 @dataclass
 class Completion:
-    """One prompt's generated text, its new token ids and its metrics (diversed.decoding.metrics)."""
+    """One prompt's generated text, its new token ids, its metrics (diversed.decoding.metrics) and, if asked
+    for, how each token was made (diversed.decoding.provenance.records)."""
 
     prompt: str | list[dict]
     text: str
     tokens: list[int]
     metrics: dict
+    provenance: list[dict] | None = None
 
     def to_dict(self) -> dict:
         """The JSON form: text and the headline metrics at the top level, all metrics under "metrics"."""
         headline = {k: self.metrics[k] for k in ("new_tokens", "wall_time", "acceptance_rate", "tau",
                                                   "tokens_per_s")}
-        return {"prompt": self.prompt, "text": self.text, **headline, "metrics": self.metrics}
+        return {"prompt": self.prompt, "text": self.text, **headline, "metrics": self.metrics} | \
+            ({} if self.provenance is None else {"provenance": self.provenance})
 
 
 def generate(
@@ -52,6 +56,7 @@ def generate(
     on_tokens: Callable[[int, list[int]], None] | None = None,
     cache: SuffixCache | None = None,
     prediction: str | Sequence[str | None] | None = None,
+    provenance: bool = False,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
     with the pair and a method ("auto", "exact", "static:0.7",
@@ -74,6 +79,9 @@ def generate(
     returned with one change): one string for every prompt, or a list of one per prompt (None: none). The
     "auto" drafter then drafts from it first ("prediction": from it only), and each Completion's metrics
     count its accepted and rejected tokens as OpenAI does.
+    provenance: each Completion's `provenance` says how each new token was made: drafted and kept (by which
+    drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
+    alone, with the probabilities behind it (diversed.decoding.provenance).
     """
     request = check_request(prompts, method=method, drafter=drafter, temperature=temperature, top_k=top_k,
                             top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop,
@@ -112,8 +120,9 @@ def generate(
                      weight_fn=weight_fn, seed=seed + start, profile=profile,
                      on_tokens=None if on_text is None and on_tokens is None else
                      lambda row, new, start=start: stream(start + row, new),
-                     predictions=predicted[batch])
-        for i, (prompt, tokens, stats) in enumerate(zip(prompts[batch], out.tokens, out.stats, strict=True), start):
+                     predictions=predicted[batch], provenance=provenance)
+        for i, (prompt, tokens, stats, origins) in enumerate(zip(prompts[batch], out.tokens, out.stats, out.origins,
+                                                                 strict=True), start):
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
             if on_text is not None and (rest := streams[i].add([], final=True)):
                 on_text(i, rest)
@@ -121,7 +130,8 @@ def generate(
             if predicted[i] is not None:
                 accepted, rejected = prediction_tokens(predicted[i], tokens)
                 metrics |= {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
-            completions.append(Completion(prompt, text, tokens, metrics))
+            completions.append(Completion(prompt, text, tokens, metrics, records(
+                tokenizer, tokens, TokenTexts(tokenizer).add(tokens), origins) if provenance else None))
     return completions
 
 

@@ -10,7 +10,7 @@ one its math under the same name.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -32,11 +32,31 @@ class ContextTooLong(RequestError):
     """A prompt and its new tokens that do not fit the model's context."""
 
 
-# A parameter's range: a test, and what it says when a value fails it.
-Range = tuple[Callable[[float], bool], str]
-_UNIT: Range = (lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
-_POSITIVE: Range = (lambda v: 0.0 < v < math.inf, "positive and finite")
-_NON_NEGATIVE: Range = (lambda v: 0.0 <= v < math.inf, "non-negative and finite")
+@dataclass(frozen=True)
+class Range:
+    """A parameter's range: from low to high (infinite: any finite value), each end included unless open."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:  # NaN is in none, infinity in no range
+        above = self.low < value if self.low_open else self.low <= value
+        below = value < self.high if self.high_open or self.high == math.inf else value <= self.high
+        return above and below
+
+    @property
+    def text(self) -> str:
+        """What a refusal says: 'in [0, 1)', 'positive and finite'."""
+        if self.high == math.inf:
+            return ("positive" if self.low_open else "non-negative") + " and finite"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+_UNIT = Range(0.0, 1.0)
+_POSITIVE = Range(0.0, low_open=True)
+_NON_NEGATIVE = Range(0.0)
 
 # Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
 TYPICAL_EPSILON = 0.09
@@ -65,6 +85,10 @@ class RuleSpec:
         """Whether the name alone is a complete method: its first parameter has a default ("typical")."""
         return bool(self.parameters) and self.parameters[0] in self.defaults
 
+    def range(self, parameter: str) -> Range:
+        """Where a parameter's values may lie: its own range, else PARAMETER_RANGES'."""
+        return self.ranges.get(parameter) or PARAMETER_RANGES[parameter]
+
 
 RULE_SPECS: dict[str, RuleSpec] = {spec.name: spec for spec in (
     RuleSpec("exact", "p: lossless (Leviathan et al., Chen et al.)"),
@@ -90,7 +114,7 @@ RULE_SPECS: dict[str, RuleSpec] = {spec.name: spec for spec in (
 # one w per position: diversed.verify checks those.
 PARAMETER_RANGES: dict[str, Range] = {
     "weight": _UNIT,
-    "lenience": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "lenience": Range(0.0, 1.0, high_open=True),
     "alpha": _UNIT,
     "epsilon": _POSITIVE,
     "delta": _POSITIVE,
@@ -117,9 +141,9 @@ def check_rule_parameters(rule: str, given: Mapping[str, object]) -> None:
             if name == "weight" and hasattr(value, "shape"):  # a tensor of weights
                 continue
             raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-        test, accepted = spec.ranges.get(name, PARAMETER_RANGES[name])
-        if not test(float(value)):  # NaN fails every range, infinity every bounded one
-            raise ValueError(f"{name} must be {accepted}, got {value!r}")
+        allowed = spec.range(name)
+        if float(value) not in allowed:
+            raise ValueError(f"{name} must be {allowed.text}, got {value!r}")
 
 
 @dataclass(frozen=True)

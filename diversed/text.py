@@ -56,11 +56,8 @@ class StreamedText:
     UTF-8 character at the end is held back, and so is any end that may be the start of a stop string. The
     pieces joined equal cut_at_stop(tokenizer.decode(tokens)) of the final tokens.
 
-    A call decodes only the new tokens, after a few before them (CONTEXT, so that a tokenizer that drops a
-    leading space decodes them as they read within the text), and looks for stop strings in the new text
-    only: a round's work does not grow with the answer."""
-
-    CONTEXT = 4
+    A call decodes only the new tokens (new_text) and looks for stop strings in the new text only: a round's
+    work does not grow with the answer."""
 
     def __init__(self, tokenizer, stop: Sequence[str]) -> None:
         self.tokenizer, self.stop = tokenizer, tuple(stop)
@@ -75,12 +72,10 @@ class StreamedText:
         """The text not yet released, with `new` tokens appended (all of it when `final`)."""
         self.tokens += new
         if self.cut is None and len(self.tokens) > self.decoded:
-            base = max(0, self.decoded - self.CONTEXT)
-            before = self._decode(self.tokens[base:self.decoded])
-            after = self._decode(self.tokens[base:])
-            if final or not after.endswith("\ufffd"):  # else a character is still incomplete: wait for it
+            added = new_text(self.tokenizer, self.tokens, self.decoded, len(self.tokens), final)
+            if added is not None:  # else a character is still incomplete: wait for it
                 searched = max(0, len(self.text) - self.longest + 1)
-                self.text += after[len(before):]
+                self.text += added
                 self.decoded = len(self.tokens)
                 self.cut = min((i for s in self.stop if (i := self.text.find(s, searched)) >= 0), default=None)
         end = len(self.text) if self.cut is None else self.cut
@@ -90,5 +85,38 @@ class StreamedText:
         self.sent = max(self.sent, end)
         return piece
 
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+class TokenTexts:
+    """The text each new token adds, token by token: a token that leaves a UTF-8 character unfinished adds ""
+    and the one that finishes it the whole character. The texts joined equal the decoded tokens (special
+    tokens skipped), but for a character still unfinished at the end."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.decoded = 0  # tokens whose text has been given
+
+    def add(self, new: Sequence[int]) -> list[str]:
+        """The text of each of `new`, appended to the tokens so far."""
+        texts = []
+        for token in new:
+            self.tokens.append(token)
+            added = new_text(self.tokenizer, self.tokens, self.decoded, len(self.tokens))
+            texts.append(added or "")
+            if added is not None:
+                self.decoded = len(self.tokens)
+        return texts
+
+
+_CONTEXT = 4  # tokens decoded before new ones, so that a tokenizer that drops a leading space reads them in place
+
+
+def new_text(tokenizer, tokens: list[int], start: int, end: int, final: bool = False) -> str | None:
+    """The text tokens[start:end] add after tokens[:start], decoding only a few tokens before them (_CONTEXT):
+    the work does not grow with the answer. None while a UTF-8 character is unfinished at `end` (unless final)."""
+    base = max(0, start - _CONTEXT)
+    before = tokenizer.decode(tokens[base:start], skip_special_tokens=True)
+    after = tokenizer.decode(tokens[base:end], skip_special_tokens=True)
+    if not final and after.endswith("\ufffd"):
+        return None
+    return after[len(before):]

@@ -18,6 +18,7 @@ departs from the shared shape. Adding a rule of that shape is one entry there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -141,6 +142,9 @@ class Verification:
     next_token: Tensor  # long [B]: the correction at the first rejection, or the bonus token
     accepted: Tensor  # bool [B, N]: the kept prefix, True for positions < num_accepted
     accept_prob: Tensor  # float [B, N]: probability each draft passes its own test (0 or 1 when deterministic)
+    # float [B, N]: the uniform draw each draft's test compared with its accept_prob (0 for a greedy test, NaN for
+    # typical's, which draws nothing): what another rule's test would have decided on the same draw.
+    uniform: Tensor
 
 
 def verify(
@@ -204,13 +208,15 @@ def verify(
         target_choice = pi.argmax(-1)
         passed = draft_tokens == target_choice
         accept_prob = passed.float()
+        uniform = torch.zeros_like(accept_prob)
     else:
         pi_x = pi.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         if spec.relax is not None:
             q_x = spec.relax(p[:, :n], **params) * q_x
         accept_prob = ratio_test(pi_x, q_x)
-        passed = torch.rand(accept_prob.shape, generator=generator, device=accept_prob.device) < accept_prob
+        uniform = torch.rand(accept_prob.shape, generator=generator, device=accept_prob.device)
+        passed = uniform < accept_prob
 
     accepted = passed.long().cumprod(-1).bool()
     num_accepted = accepted.sum(-1)
@@ -225,7 +231,19 @@ def verify(
         residual = _residual(corrected[rows, stopped], q[rows, stopped])
         next_dist = torch.where(all_kept.unsqueeze(-1), p[:, n], residual)
         next_token = draw(next_dist, generator)
-    return Verification(num_accepted, next_token, accepted, accept_prob)
+    return Verification(num_accepted, next_token, accepted, accept_prob, uniform)
+
+
+def exact_acceptance(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, greedy: bool) -> Tensor:
+    """The probability [B, N] that each draft passes exact's test: min(1, p(x) / q(x)), or in greedy mode 1 where
+    x is argmax p and 0 elsewhere. Compared with a Verification's `uniform`, it says whether exact would have
+    kept a draft on the draw that decided it (uniform < it)."""
+    n = draft_tokens.shape[1]
+    p = target_probs[:, :n].float()
+    if greedy:
+        return (draft_tokens == p.argmax(-1)).float()
+    index = draft_tokens.unsqueeze(-1)
+    return ratio_test(p.gather(-1, index).squeeze(-1), draft_probs.float().gather(-1, index).squeeze(-1))
 
 
 def _target(spec: Rule, p: Tensor, q: Tensor, draft: Tensor | None, params: dict) -> Tensor:
@@ -287,7 +305,7 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
         next_token = next_dist.argmax(-1)
     else:
         next_token = draw(next_dist, generator)
-    return Verification(num_accepted, next_token, accepted, passed.float())
+    return Verification(num_accepted, next_token, accepted, passed.float(), torch.full_like(h, math.nan))
 
 
 def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,

@@ -668,7 +668,7 @@ def test_batch_rows_are_verified_independently():
 
 def _rows(result: Verification, mask: Tensor) -> Verification:
     return Verification(result.num_accepted[mask], result.next_token[mask], result.accepted[mask],
-                        result.accept_prob[mask])
+                        result.accept_prob[mask], result.uniform[mask])
 
 
 def test_dynamic_weight_is_applied_per_row():

@@ -27,6 +27,7 @@ from diversed.decoding.drafters import Drafter, Proposal, SuffixCache, make_draf
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
+from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
 from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel
 from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
 from diversed.verify import Verification
@@ -39,12 +40,14 @@ StopFn = Callable[[list[int], int], int | None]
 @dataclass
 class Generation:
     """The new tokens of each prompt, per-sequence statistics, and the totals of the run. profile: seconds per
-    phase of the rounds (diversed.decoding.profile)."""
+    phase of the rounds (diversed.decoding.profile); origins: how each token was made (with provenance=True;
+    else empty lists)."""
 
     tokens: list[list[int]]
     stats: list[SequenceStats]
     wall_time: float
     profile: dict[str, float]
+    origins: list[list[TokenOrigin]]
 
     def summary(self) -> dict:
         return summarize(self.stats, self.wall_time)
@@ -70,6 +73,7 @@ def decode(
     on_tokens: Callable[[int, list[int]], None] | None = None,
     on_round: Callable[[int, Round, int, int], None] | None = None,
     predictions: Sequence[Sequence[int] | None] | None = None,
+    provenance: bool = False,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `method`.
 
@@ -87,6 +91,7 @@ def decode(
     (what the verifier saw) and how many tokens it emitted (a trainer's capture: diversed.head.train).
     predictions: per prompt, the token ids its answer is expected to repeat, or None (Predicted Outputs: the
     "prediction" and "auto" drafters draft from them).
+    provenance: record how each token was made (Generation.origins; diversed.decoding.provenance).
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
@@ -108,7 +113,7 @@ def decode(
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
                 None if on_round is None else lambda job, result, row, count, i=i: on_round(i, result, row, count),
-                prediction=None if prediction is None else list(prediction))
+                prediction=None if prediction is None else list(prediction), provenance=provenance)
             for i, (p, prediction) in enumerate(zip(prompts, predictions, strict=True))]
     for job in jobs:
         batch.add(job)
@@ -117,7 +122,7 @@ def decode(
     batch.close()
     batch.costs.save()  # for later processes
     return Generation([j.tokens for j in jobs], [j.stats for j in jobs], time.perf_counter() - batch.start,
-                      batch.clock.report())
+                      batch.clock.report(), [j.origins for j in jobs])
 
 
 @dataclass(eq=False)
@@ -130,7 +135,8 @@ class Job:
     "cancelled" or "error"). on_round(job, round, row, count) is called after each speculative round with the
     job's row of the Round and the tokens it emitted (what a trainer keeps). Set `cancelled` from any thread:
     the job leaves the batch before the next round. prediction: the token ids the answer is expected to
-    repeat (Predicted Outputs), for the drafter."""
+    repeat (Predicted Outputs), for the drafter. provenance: keep `origins`, how each token was made
+    (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them)."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
@@ -141,7 +147,9 @@ class Job:
     cancelled: bool = False
     error: str = ""
     prediction: list[int] | None = None
+    provenance: bool = False
     tokens: list[int] = field(default_factory=list)
+    origins: list[TokenOrigin] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
     started: float = 0.0
 
@@ -156,9 +164,10 @@ class Job:
         if self.on_tokens is not None:
             self.on_tokens(self, [])
 
-    def emit(self, new: list[int], eos: set[int], kept: int = 0, drafted: int = 0) -> bool:
-        """Append a round's new tokens (its `kept` drafts of `drafted`, then the next token), cut at EOS, the
-        length limit or a stop string; True if the job is finished."""
+    def emit(self, new: list[int], eos: set[int], kept: int = 0, drafted: int = 0,
+             origins: list[TokenOrigin] | None = None) -> bool:
+        """Append a round's new tokens (its `kept` drafts of `drafted`, then the next token) and, with
+        provenance, their origins, cut at EOS, the length limit or a stop string; True if the job is finished."""
         added = []
         for token in new:
             added.append(token)
@@ -176,6 +185,8 @@ class Job:
             # (new tokens, tau, tokens/s, a server's usage) and a trainer's capture cover what a plain decode
             # writes.
             del self.tokens[end:], added[end - start:]
+        if origins is not None:
+            self.origins = (self.origins + origins)[:len(self.tokens)]
         self.stats.new_tokens = len(self.tokens)
         self.stats.count_deciders(len(added), kept, drafted)
         if self.finished:
@@ -291,14 +302,15 @@ class Batch:
 
     def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
         before = self.clock.seconds["target forward"]
-        token = target_step(self.target_rows, self.pending, groups, self.clock)
+        token, probs = target_step(self.target_rows, self.pending, groups, self.clock)
         self.pending = [[t] for t in token]
         if self.drafter is not None:
             self.drafter.advance([[t] for t in token])
         for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
             if not _failed(job, groups, row):
-                job.emit([t], self.eos)
+                job.emit([t], self.eos, origins=[target_origin(float(probs[row, t]), job.stats.target_forwards)]
+                         if job.provenance else None)
         if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
             speed.observe_plain(self.clock.seconds["target forward"] - before)
             speed.draft_length = speed.best_length()
@@ -317,7 +329,8 @@ class Batch:
             job.stats.add_round(drafted, kept, proposal.forwards, source)
             if not _failed(job, groups, row):
                 written = len(job.tokens)
-                job.emit(new, self.eos, kept=kept, drafted=drafted)
+                job.emit(new, self.eos, kept=kept, drafted=drafted,
+                         origins=_origins(result, row, kept, new[-1], job, source) if job.provenance else None)
                 if job.on_round is not None:
                     job.on_round(job, result, row, len(job.tokens) - written)
         if speed is None:
@@ -383,12 +396,24 @@ def _failed(job: Job, groups: Groups, row: int) -> bool:
     return row in groups.failed
 
 
-def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: PhaseClock) -> list[int]:
-    """One step of the target alone: feed each row's pending tokens, sample the next token of each."""
+def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: PhaseClock
+                ) -> tuple[list[int], Tensor]:
+    """One step of the target alone: feed each row's pending tokens, sample the next token of each; the tokens
+    and the distributions [B, V] they were drawn from."""
     with clock.phase("target forward"):
         _, logits = target.feed(pending, 1)
     with clock.phase("sampling"):
-        return groups.sample(groups.probs(logits[:, -1])).tolist()
+        probs = groups.probs(logits[:, -1])
+        return groups.sample(probs).tolist(), probs
+
+
+def _origins(result: Round, row: int, kept: int, next_token: int, job: Job, drafter: str | None
+             ) -> list[TokenOrigin]:
+    """How a row's new tokens of a speculative round were made (Job.provenance)."""
+    length, verdict = int(result.lengths[row]), result.verdict
+    return round_origins(result.drafts[row, :length], result.q[row, :length], result.p[row, :length + 1],
+                         verdict.accept_prob[row, :length], verdict.uniform[row, :length], next_token, kept,
+                         job.policy.sampling.greedy, drafter, job.stats.target_forwards)
 
 
 @dataclass

@@ -136,6 +136,7 @@ class Groups:
                 own = lengths[rows]
                 out = Verification(own.new_zeros(own.shape), own.new_zeros(own.shape),
                                    torch.zeros(own.shape + (n,), dtype=torch.bool, device=p.device),
+                                   torch.zeros(own.shape + (n,), device=p.device),
                                    torch.zeros(own.shape + (n,), device=p.device))
                 for length in own.unique().tolist():
                     # Every row alike (one policy's batch, mostly): slices, not copies of p.
@@ -149,13 +150,15 @@ class Groups:
                                                      for k, v in params.items()})
                     out.num_accepted[at], out.next_token[at] = part.num_accepted, part.next_token
                     out.accepted[at, :length], out.accept_prob[at, :length] = part.accepted, part.accept_prob
+                    out.uniform[at, :length] = part.uniform
                 return out
 
         n = drafts.shape[1]
         lengths = lengths.to(p.device)
         return self._per_group(one, lambda: Verification(
             drafts.new_zeros(self.size), drafts.new_zeros(self.size),
-            torch.zeros(drafts.shape, dtype=torch.bool, device=p.device), torch.zeros(drafts.shape, device=p.device)))
+            torch.zeros(drafts.shape, dtype=torch.bool, device=p.device), torch.zeros(drafts.shape, device=p.device),
+            torch.zeros(drafts.shape, device=p.device)))
 
     def _per_group(self, compute: Callable[[Policy, slice | list[int]], Output],
                    zeros: Callable[[], Output]) -> Output:
