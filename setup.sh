@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a working install: virtual environment, PyTorch 2.13.0 (CPU build),
 # llama-cpp-python 0.3.36 built from source (about 9 minutes on 2 cores, once: pip caches the wheel),
-# bubblewrap for the code sandbox, the package with its test tools, and the default model pair assembled
-# and converted once into the cache. Safe to rerun: every step is skipped when already done.
+# bubblewrap for the code sandbox, Chromium for the playground's browser tests, the package with its test
+# tools, and the default model pair assembled and converted once into the cache. Safe to rerun: every step
+# is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-# bubblewrap runs generated code in its own mount, network and process namespaces (diversed.tasks.sandbox).
-if ! command -v bwrap >/dev/null; then
+# From Debian: bubblewrap runs generated code in its own mount, network and process namespaces
+# (diversed.tasks.sandbox); Chromium and its WebDriver run the playground page's tests in a real browser.
+packages=()
+command -v bwrap >/dev/null || packages+=(bubblewrap)
+{ command -v chromium && command -v chromedriver; } >/dev/null || packages+=(chromium chromium-driver)
+if [ ${#packages[@]} -gt 0 ]; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get install -y -q bubblewrap >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && \
-        $SUDO apt-get install -y -q bubblewrap >/dev/null; } || \
-        echo "warning: could not install bubblewrap; code tasks will refuse to run generated code" >&2
+    $SUDO apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null && \
+        $SUDO apt-get install -y -q "${packages[@]}" >/dev/null; } || \
+        echo "warning: could not install ${packages[*]}: without bubblewrap code tasks refuse to run generated" \
+             "code; without chromium the playground's browser tests skip" >&2
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip

@@ -12,97 +12,33 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
+import urllib.request
 
 import openai
 import pytest
 import torch
-import uvicorn
 from closed_forms import verification_target
 from prometheus_client.parser import text_string_to_metric_families
+from serving import DRAFTING, client, save_flat_head, serving, tiny_chat_pair
 
 from diversed.decoding.drafters import prediction_tokens
 from diversed.generation import generate
-from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
-from diversed.request import DraftLength
-from diversed.server import ServerConfig, create_app
 
-from tiny import WORDS, perturbed, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
+from tiny import WORDS, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
 
-CHAT_TEMPLATE = ("{% for m in messages %}{% if loop.first and m['role'] == 'assistant' %}"
-                 "{{ raise_exception('a conversation starts with a user or system turn') }}{% endif %}"
-                 "t{{ 2 + (m['role'] == 'user') }} {{ m['content'] }} {% endfor %}t4")
-DRAFTING = DraftLength(3)
 RULES = ["exact", "static:0.7", "lossy:0.3", "auto", "diversed"]
 
 
 @pytest.fixture(scope="module")
 def pair() -> Pair:
-    target = tiny_model(0, vocab=WORDS, hidden=32)
-    tokenizer = word_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return Pair(perturbed(target, 0.05, 1), target, tokenizer, "tiny-draft", "tiny-target")
+    return tiny_chat_pair()
 
 
 @pytest.fixture(scope="module")
-def head_dir(pair, tmp_path_factory) -> str:
-    """A head for the tiny pair that gives w = 0.3 everywhere (an untrained head starts at its initial w)."""
-    folder = tmp_path_factory.mktemp("head")
-    EnsembleHead(HeadConfig(32, 32, initial_weight=0.3, draft_model="tiny-draft", target_model="tiny-target")
-                 ).save(folder)
-    return str(folder)
-
-
-class _Slow:
-    """A backend model whose every forward takes at least `delay` seconds: requests overlap for sure."""
-
-    def __init__(self, model, delay: float) -> None:
-        self._model, self._delay = model, delay
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def rows(self, count, capacity=None):
-        rows, delay = self._model.rows(count, capacity), self._delay
-
-        class SlowRows:
-            def __getattr__(self, name):
-                return getattr(rows, name)
-
-            def feed(self, *args, **kwargs):
-                time.sleep(delay)
-                return rows.feed(*args, **kwargs)
-
-        return SlowRows()
-
-
-@contextmanager
-def serving(pair: Pair, delay: float = 0.0, **options):
-    """A server on a free loopback port in this process; yields (base url, app)."""
-    if delay:
-        pair = Pair(_Slow(pair.draft, delay), _Slow(pair.target, delay), pair.tokenizer, pair.draft_name,
-                    pair.target_name)
-    app = create_app(pair, ServerConfig(**{"draft_length": DRAFTING, **options}))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def head_dir(tmp_path_factory) -> str:
+    return save_flat_head(tmp_path_factory.mktemp("head"))
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +198,67 @@ def test_predicted_outputs_through_the_openai_client(server, pair, head_dir):
     assert plain.usage.completion_tokens_details.accepted_prediction_tokens is not None
 
 
+@pytest.mark.parametrize("rule", ["exact", "lossy:0.9", "auto"])
+def test_provenance_through_the_openai_client(server, rule):
+    """`provenance: true` (extra body) adds each token's origin to the choice; it agrees with the text and the
+    speculative counts, exact never relaxes a token, and without it the reply has no new field."""
+    url, _ = server
+    api = client(url)
+    ask = {"model": "tiny-target", "prompt": "t5 t6 t7", "max_tokens": 24, "temperature": 1.0, "seed": 3}
+    plain = api.completions.create(**ask, extra_body={"verification": rule})
+    assert "provenance" not in plain.choices[0].model_extra
+    out = api.completions.create(**ask, extra_body={"verification": rule, "provenance": True})
+    choice, speculative = out.choices[0], out.model_extra["speculative"]
+    records = choice.model_extra["provenance"]
+    assert choice.text == plain.choices[0].text == "".join(r["token"] for r in records)
+    assert len(records) == out.usage.completion_tokens
+    origins = [r["origin"] for r in records]
+    rounds = {r["round"]: r["drafted"] for r in records}
+    assert sorted(rounds) == list(range(1, len(rounds) + 1))
+    assert len(records) / len(rounds) == pytest.approx(speculative["tau"])
+    if rule == "auto":
+        assert set(origins) == {"target"} and all(r["p"] > 0 and r["q"] is None for r in records)
+        return
+    assert choice.finish_reason == "length"  # nothing cut at EOS: every kept draft is in the text
+    assert origins.count("kept") + origins.count("relaxed") == speculative["accepted"]
+    assert sum(rounds.values()) == speculative["drafted"]
+    for r in records:
+        assert 0 < r["p"] <= 1 and r["drafter"] == "model"
+        if r["origin"] in ("kept", "relaxed", "correction"):
+            assert 0 <= r["exact_acceptance"] <= r["acceptance"] <= 1 and 0 < r["q"] <= 1
+        if r["origin"] == "correction":
+            assert r["rejected"] and r["rejected_token_id"] is not None
+    if rule == "exact":
+        assert "relaxed" not in origins
+
+
+def test_streamed_provenance_joins_into_the_whole_one(server):
+    url, _ = server
+    ask = {"model": "tiny-target", "messages": [{"role": "user", "content": "t4 t9"}], "max_tokens": 16,
+           "temperature": 0}
+    whole = client(url).chat.completions.create(**ask, extra_body={"provenance": True})
+    chunks = list(client(url).chat.completions.create(**ask, stream=True, extra_body={"provenance": True}))
+    streamed = [r for c in chunks if c.choices for r in (c.choices[0].model_extra.get("provenance") or [])]
+    assert streamed == whole.choices[0].model_extra["provenance"]
+    assert "".join(r["token"] for r in streamed) == whole.choices[0].message.content
+
+
+def test_the_dial_endpoint_lists_what_a_request_may_set(server):
+    url, _ = server
+    with urllib.request.urlopen(url + "/v1/verification") as response:
+        dial = json.loads(response.read())
+    rules = {r["name"]: r for r in dial["rules"]}
+    assert dial["default"] == "exact" and rules["diversed"]["heads"] == ["flat"] and "dynamic" not in rules
+    assert [(p["name"], p["min"], p["max"], p["max_open"]) for p in rules["lossy"]["parameters"]] == \
+        [("lenience", 0.0, 1.0, True)]
+    judi = {p["name"]: p for p in rules["judi"]["parameters"]}
+    assert judi["max_confidence"]["default"] == 0.9 and judi["epsilon"]["max"] is None
+    assert {d["name"] for d in dial["drafters"] if d["available"]} == {"auto", "model", "lookup", "suffix",
+                                                                       "prediction"}
+    with urllib.request.urlopen(url + "/") as page:
+        assert page.status == 200 and b"/static/playground.js" in page.read()
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": "t3", "prediction": {"type": "text", "content": "t3"}}, "prediction"),
     ({"prompt": "t3", "prediction": "t3 t4"}, "prediction"),
@@ -271,6 +268,7 @@ def test_predicted_outputs_through_the_openai_client(server, pair, head_dir):
     ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "drafter": "lookup"}, "prediction"),
     ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "verification": "auto"}, "prediction"),
     ({"prompt": "t3", "drafter": "prediction"}, "drafter"),
+    ({"prompt": "t3", "provenance": "yes"}, "provenance"),
     ({"prompt": "t3", "verification": "strict"}, "verification"),
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
     ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),

@@ -2,29 +2,35 @@
 
 POST /v1/completions and /v1/chat/completions (streamed as server-sent events with `stream: true`), each
 request with its own verification rule, weight and head (diversed.server.protocol); GET /v1/models,
-/health and /metrics (Prometheus). Requests join one continuously batched decoding loop
-(diversed.server.worker); a client that goes away frees its row at the next round.
+/v1/verification (what a request's dial may be set to), /health and /metrics (Prometheus); GET / is the
+playground, a page that shows how each token was made (static files in ./playground). Requests join one
+continuously batched decoding loop (diversed.server.worker); a client that goes away frees its row at the next
+round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from diversed.decoding.drafters import SuffixCache, make_drafter, prediction_tokens
 from diversed.decoding.engine import Batch, Job, context_room
 from diversed.decoding.policy import Policy
+from diversed.decoding.provenance import TokenOrigin, records
 from diversed.generation import load_head
 from diversed.head.model import EnsembleHead
 from diversed.head.names import PRETRAINED_HEADS
@@ -32,10 +38,12 @@ from diversed.models.loading import Pair
 from diversed.request import (
     DEFAULT_DRAFTING,
     DRAFTERS,
+    RULE_SPECS,
     ContextTooLong,
     DraftLength,
     Method,
     RequestError,
+    RuleSpec,
     check_predictions,
 )
 from diversed.server.metrics import Metrics
@@ -50,7 +58,9 @@ from diversed.server.protocol import (
     usage,
 )
 from diversed.server.worker import QueueFull, Worker
-from diversed.text import StreamedText, encode_messages, stop_checker
+from diversed.text import StreamedText, TokenTexts, encode_messages, stop_checker
+
+_PAGE = Path(__file__).parent / "playground"  # the playground's static files, shipped in the package
 
 
 @dataclass
@@ -158,7 +168,7 @@ class Server:
         prediction = None if call.prediction is None else \
             tokenizer(call.prediction, add_special_tokens=False)["input_ids"]
         job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length, drafter), max_tokens,
-                  stop_checker(tokenizer, call.stop), prediction=prediction)
+                  stop_checker(tokenizer, call.stop), prediction=prediction, provenance=call.provenance)
         try:
             self.worker.batch.check(job)
         except ContextTooLong as error:
@@ -173,7 +183,7 @@ class Server:
 
 class _Events:
     """A job's progress as the event loop sees it: the engine thread's callbacks become queue items
-    (a snapshot of the tokens and whether the job is finished, or an error)."""
+    (a round's new tokens and their origins, and whether the job is finished; or an error)."""
 
     def __init__(self, server: Server, job: Job, arrived: float) -> None:
         self.server, self.job, self.arrived, self.last = server, job, arrived, None
@@ -201,7 +211,9 @@ class _Events:
             if job.policy.drafts:
                 metrics.record_rounds(job.policy.method, stats.drafted, stats.accepted,
                                       stats.reached[0] if stats.reached else 0, stats.kept, stats.drafters)
-        self._put(("tokens", new, job.finished))  # the round's tokens only: the engine never waits on a copy
+        # The round's tokens only (the engine never waits on a copy), with their origins as they are now.
+        origins = job.origins[len(job.tokens) - len(new):] if job.provenance else []
+        self._put(("tokens", (new, origins), job.finished))
 
     def fail(self, job: Job, message: str) -> None:  # the engine thread
         self.server.metrics.errors.labels("500").inc()
@@ -240,6 +252,16 @@ def create_app(pair: Pair, config: ServerConfig | None = None) -> FastAPI:
         server.metrics.errors.labels(str(error.status)).inc()
         headers = {"Retry-After": "1"} if error.status == 503 else None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> FileResponse:
+        return FileResponse(_PAGE / "index.html")
+
+    app.mount("/static", StaticFiles(directory=_PAGE), name="static")
+
+    @app.get("/v1/verification")
+    async def verification() -> dict:
+        return _dial(server)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -287,9 +309,41 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     server.metrics.prompt_tokens.inc(len(job.prompt))
     reply = Reply(chat, server.model_name)
     text = StreamedText(server.pair.tokenizer, call.stop)
+    record = _recorder(server.pair.tokenizer) if call.provenance else None
     if call.stream:
-        return StreamingResponse(_stream(server, job, events, reply, text, call), media_type="text/event-stream")
-    return await _whole(server, request, job, events, reply, text)
+        return StreamingResponse(_stream(server, job, events, reply, text, record, call),
+                                 media_type="text/event-stream")
+    return await _whole(server, request, job, events, reply, text, record)
+
+
+Recorder = Callable[[list[int], list[TokenOrigin]], list[dict]]
+
+
+def _recorder(tokenizer) -> Recorder:
+    """A request's provenance records, round by round: each new token's text (TokenTexts) and origin."""
+    texts = TokenTexts(tokenizer)
+    return lambda new, origins: records(tokenizer, new, texts.add(new), origins)
+
+
+def _dial(server: Server) -> dict:
+    """What a request may set of its verification, for clients that build a dial (the playground): the
+    server's rule, every rule with its parameters, their defaults and ranges, the loaded heads, the drafters
+    (with whether this server can run each), and the server's drafting."""
+    def parameter(spec: RuleSpec, name: str) -> dict:
+        allowed = spec.range(name)
+        return {"name": name, "default": spec.defaults.get(name), "min": allowed.low,
+                "max": None if allowed.high == math.inf else allowed.high, "min_open": allowed.low_open,
+                "max_open": allowed.high_open or allowed.high == math.inf, "range": allowed.text}
+
+    rules = [{"name": "auto", "summary": "the target alone: no drafts", "parameters": []}]
+    rules += [{"name": spec.name, "summary": spec.summary, "parameters": [parameter(spec, p) for p in spec.parameters]}
+              for spec in RULE_SPECS.values() if spec.name != "dynamic"]  # "dynamic" needs a head: "diversed"
+    if server.heads:
+        rules.append({"name": "diversed", "summary": "a trained head sets each drafted token's weight or lenience",
+                      "parameters": [], "heads": sorted(server.heads)})
+    drafters = [{"name": name, "available": name != "model" or server.pair.draft is not None} for name in DRAFTERS]
+    return {"default": server.default_method.label, "rules": rules, "drafters": drafters,
+            "default_drafter": server.config.drafter, "max_draft_length": server.drafting.longest}
 
 
 def _speculative(job: Job) -> dict:
@@ -305,11 +359,11 @@ def _usage(job: Job) -> dict:
 
 
 async def _whole(server: Server, request: Request, job: Job, events: _Events, reply: Reply,
-                 text: StreamedText) -> Response:
+                 text: StreamedText, record: Recorder | None) -> Response:
     """Wait for the job, watching for the client going away (then its row is freed)."""
     items = aiter(events)
     pending = asyncio.ensure_future(anext(items))
-    checked, pieces = time.monotonic(), []
+    checked, pieces, provenance = time.monotonic(), [], []
     try:
         while True:
             done, _ = await asyncio.wait({pending}, timeout=0.5)
@@ -324,10 +378,13 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
             kind, payload, finished = pending.result()
             if kind == "error":
                 return JSONResponse(error_body(payload, "server_error"), status_code=500)
-            pieces.append(text.add(payload, final=finished))
+            new, origins = payload
+            pieces.append(text.add(new, final=finished))
+            if record is not None:
+                provenance += record(new, origins)
             if finished:
                 body = reply.whole("".join(pieces), FINISH_REASONS[job.stats.finish_reason], _usage(job),
-                                   _speculative(job))
+                                   _speculative(job), None if record is None else provenance)
                 return JSONResponse(body)
             pending = asyncio.ensure_future(anext(items))
     finally:
@@ -335,7 +392,7 @@ async def _whole(server: Server, request: Request, job: Job, events: _Events, re
 
 
 async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text: StreamedText,
-                  call: Call) -> AsyncIterator[str]:
+                  record: Recorder | None, call: Call) -> AsyncIterator[str]:
     """Server-sent events: a chunk per round's new text, the finish reason, usage if asked, [DONE]. A client
     that disconnects cancels the generator here, which cancels the job."""
     def sse(body: dict) -> str:
@@ -350,9 +407,11 @@ async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text:
             if kind == "error":
                 yield sse(error_body(payload, "server_error"))
                 break
-            piece = text.add(payload, final=finished)
-            if piece:
-                yield sse(reply.chunk(piece, first=first))
+            new, origins = payload
+            piece = text.add(new, final=finished)
+            provenance = None if record is None else record(new, origins)
+            if piece or provenance:
+                yield sse(reply.chunk(piece, first=first, provenance=provenance))
                 first = False
             if finished:
                 yield sse(reply.chunk(None if reply.chat else "", FINISH_REASONS[job.stats.finish_reason]))

@@ -5,7 +5,9 @@ or refused with a BadRequest naming it: nothing a client asks for is silently ig
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
 rule as `--method` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
 of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
-`prediction` is OpenAI's Predicted Outputs, on both endpoints.
+`prediction` is OpenAI's Predicted Outputs, on both endpoints. `provenance: true` (an extension, off by default)
+adds to each choice, and to each streamed chunk's choice, `provenance`: how each new token was made
+(diversed.decoding.provenance.records).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Call:
     include_usage: bool
     model: str | None
     prediction: str | None  # Predicted Outputs' content
+    provenance: bool
 
 
 # Fields accepted only at the value that changes nothing (OpenAI's defaults).
@@ -73,7 +76,7 @@ _NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, No
             "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})}
 _IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields that do not change the output
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "draft_length", "drafter", "prediction", *_NEUTRAL, *_IGNORED}
+           "verification", "head", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL, *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
 _ROLES = ("system", "user", "assistant", "developer")
 
@@ -110,7 +113,7 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
         raise BadRequest("model must be a string", "model")
     return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
                 _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body),
-                stream, include_usage, model, _prediction(body))
+                stream, include_usage, model, _prediction(body), _flag(body, "provenance"))
 
 
 def _prediction(body: dict) -> str | None:
@@ -261,27 +264,34 @@ class Reply:
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, text: str, finish_reason: str, usage: dict, speculative: dict) -> dict:
-        """The non-streamed response."""
+    def whole(self, text: str, finish_reason: str, usage: dict, speculative: dict,
+              provenance: list[dict] | None = None) -> dict:
+        """The non-streamed response; provenance: the tokens' records, where the request asked for them."""
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                    "finish_reason": finish_reason} if self.chat else
                   {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
         kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(kind, [choice]), "usage": usage, "speculative": speculative}
+        return {**self._envelope(kind, [_with(choice, provenance)]), "usage": usage, "speculative": speculative}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """One streamed chunk: new text, and on the last the finish reason."""
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
+              provenance: list[dict] | None = None) -> dict:
+        """One streamed chunk: new text, on the last the finish reason, and the records of the tokens decoded
+        since the last chunk where the request asked for them (their text may come in a later chunk)."""
         if self.chat:
             delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [choice])
+            return self._envelope("chat.completion.chunk", [_with(choice, provenance)])
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice])
+        return self._envelope("text_completion", [_with(choice, provenance)])
 
     def usage_chunk(self, usage: dict, speculative: dict) -> dict:
         """The chunk after the last, with usage (stream_options.include_usage) and no choices."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._envelope(kind, []), "usage": usage, "speculative": speculative}
+
+
+def _with(choice: dict, provenance: list[dict] | None) -> dict:
+    return choice if provenance is None else {**choice, "provenance": provenance}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None) -> dict:
