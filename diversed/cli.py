@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt with all metrics")
     gen.add_argument("--stream", action="store_true", help="print each prompt's text as it is generated")
+    gen.add_argument("--provenance", action="store_true",
+                     help="with --json: how each token was made (kept, relaxed, correction, bonus, target; by which "
+                          "drafter, with p, q and the acceptance), as the server's provenance extension")
     gen.add_argument("--profile", action="store_true",
                      help="time each phase of the rounds (draft and target forwards, sampling, head, verifier, "
                           "cache, other) and print the split")
@@ -243,6 +246,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--system is empty")
     if args.stream and (args.json or args.batch_size > 1):
         raise ValueError("--stream prints one prompt's text at a time: not with --json or --batch-size > 1")
+    if args.provenance and not args.json:
+        raise ValueError("--provenance adds each token's origin to the JSON output: use it with --json")
     from tqdm import tqdm
 
     from diversed.decoding.drafters import SuffixCache
@@ -253,7 +258,7 @@ def _generate(args: argparse.Namespace) -> int:
                    top_k=args.top_k, top_p=args.top_p,
                    draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
                    chat=False if args.no_chat else None, system=args.system, profile=args.profile,
-                   prediction=prediction)
+                   prediction=prediction, provenance=args.provenance)
     if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes, then metrics
         for i, prompt in enumerate(request.prompts):
             _print_completion(generate(pair, prompt, seed=args.seed + i, **options, on_text=lambda _, piece: print(

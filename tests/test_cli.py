@@ -48,6 +48,15 @@ def test_generate_json_has_text_and_metrics(models, capsys):
         assert line["metrics"]["new_tokens"] == line["new_tokens"] <= 6 and line["wall_time"] > 0
 
 
+def test_generate_json_with_provenance_has_a_record_per_token(models, capsys):
+    code, out, _ = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
+                        "--provenance", "--method", "lossy:0.5", "--max-new-tokens", "8", "--no-chat", "t3 t4"],
+                       capsys)
+    line = json.loads(out)
+    assert code == 0 and len(line["provenance"]) == line["new_tokens"]
+    assert "".join(r["token"] for r in line["provenance"]) == line["text"]
+
+
 def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
               "0", "--max-new-tokens", "12", "--stop", "t7", "t3 t4", "t5 t6"]
@@ -92,6 +101,7 @@ def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     (["--prediction", "/nonexistent"], "--prediction '/nonexistent': no such file"),
     (["--prediction", __file__, "--drafter", "lookup"], "a --prediction is drafted from by drafter 'auto'"),
     (["--drafter", "prediction"], "--drafter 'prediction' drafts from a prediction"),
+    (["--provenance"], "use it with --json"),
 ])
 def test_generate_refuses_bad_options(models, capsys, args, message):
     code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",

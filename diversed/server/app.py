@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -428,4 +429,6 @@ def serve(pair: Pair, config: ServerConfig | None = None, *, host: str = "127.0.
     """Serve `pair` until SIGINT or SIGTERM, which first lets running and queued requests finish."""
     import uvicorn
 
-    uvicorn.run(create_app(pair, config), host=host, port=port, log_level="info")
+    app = create_app(pair, config)
+    print(f"the playground: http://{host}:{port}/ (the API: http://{host}:{port}/v1)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="info")
