@@ -92,10 +92,10 @@ def marks(panel) -> list[tuple[str, str]]:
 
 
 def api_marks(url: str, prompt: str, verification: str, max_tokens: int = 12, temperature: float = 0,
-              seed: int = 0) -> list[tuple[str, str]]:
+              seed: int = 0, drafter: str = "auto") -> list[tuple[str, str]]:
     out = client(url).completions.create(model="tiny-target", prompt=prompt, max_tokens=max_tokens,
-                                         temperature=temperature, seed=seed,
-                                         extra_body={"verification": verification, "provenance": True})
+                                         temperature=temperature, seed=seed, extra_body={
+                                             "verification": verification, "provenance": True, "drafter": drafter})
     return [(r["origin"], r["token"]) for r in out.choices[0].provenance]
 
 
@@ -130,6 +130,21 @@ def test_a_prompt_streams_with_the_marks_the_api_reports(page, url, rule, values
     else:
         assert "%" in panel.find_element(By.CSS_SELECTOR, ".acceptance").text
         assert panel.find_element(By.CSS_SELECTOR, ".drafters").text.startswith("model ")
+
+
+def test_a_heads_shift_and_the_drafter_travel_in_the_request(page, url):
+    fill(page, "t5 t6 t7")
+    set_rule(page, "A", "diversed")
+    node = page.find_element(By.CSS_SELECTOR, "[data-dial=A].dial")
+    Select(node.find_element(By.CSS_SELECTOR, ".head")).select_by_value("flat")
+    shift = node.find_element(By.CSS_SELECTOR, ".shift")
+    shift.clear()
+    shift.send_keys("1")
+    Select(node.find_element(By.CSS_SELECTOR, ".drafter")).select_by_value("lookup")
+    (panel,) = generate(page)
+    assert panel.find_element(By.CSS_SELECTOR, "h2").text == "A: diversed:flat@+1"
+    assert marks(panel) == api_marks(url, "t5 t6 t7", "diversed:flat@+1", drafter="lookup")
+    assert "model" not in panel.find_element(By.CSS_SELECTOR, ".drafters").text
 
 
 def test_compare_shows_two_settings_side_by_side(page, url):
