@@ -140,11 +140,16 @@ def test_a_heads_shift_and_the_drafter_travel_in_the_request(page, url):
     shift = node.find_element(By.CSS_SELECTOR, ".shift")
     shift.clear()
     shift.send_keys("1")
-    Select(node.find_element(By.CSS_SELECTOR, ".drafter")).select_by_value("lookup")
+    Select(node.find_element(By.CSS_SELECTOR, ".drafter")).select_by_value("model")
     (panel,) = generate(page)
     assert panel.find_element(By.CSS_SELECTOR, "h2").text == "A: diversed:flat@+1"
-    assert marks(panel) == api_marks(url, "t5 t6 t7", "diversed:flat@+1", drafter="lookup")
-    assert "model" not in panel.find_element(By.CSS_SELECTOR, ".drafters").text
+    assert not panel.find_element(By.CSS_SELECTOR, ".error").is_displayed()
+    assert marks(panel) == api_marks(url, "t5 t6 t7", "diversed:flat@+1", drafter="model")
+    assert panel.find_element(By.CSS_SELECTOR, ".drafters").text.startswith("model ")
+    # a mixture head verifies the draft model's drafts only: with a copying drafter, the server's 400 shows
+    Select(node.find_element(By.CSS_SELECTOR, ".drafter")).select_by_value("lookup")
+    (panel,) = generate(page)
+    assert "mixture head" in panel.find_element(By.CSS_SELECTOR, ".error").text
 
 
 def test_compare_shows_two_settings_side_by_side(page, url):
