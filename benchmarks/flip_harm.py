@@ -44,7 +44,7 @@ def greedy(pair, prompts: list[list[int]], max_new_tokens: list[int], stop) -> l
     out = []
     for start in range(0, len(prompts), BATCH):
         chunk = slice(start, start + BATCH)
-        out += decode(pair.target, prompts[chunk], method=Method("auto"), sampling=Sampling(0.0),
+        out += decode(pair.target, prompts[chunk], method=Method("plain"), sampling=Sampling(0.0),
                       max_new_tokens=max(max_new_tokens[chunk]), eos_token_ids=pair.eos_token_ids, stop=stop).tokens
     return [tokens[:budget] for tokens, budget in zip(out, max_new_tokens, strict=True)]
 

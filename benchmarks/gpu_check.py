@@ -40,7 +40,7 @@ def checks() -> list[tuple[str, bool]]:
         for p in draft.parameters():
             p.add_(0.05 * torch.randn_like(p) * p.abs().mean())
     greedy = Sampling(0)
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=greedy, max_new_tokens=32).tokens
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=greedy, max_new_tokens=32).tokens
     results = []
     for n in (1, 3, 5):
         spec = decode(target, PROMPTS, draft=draft, sampling=greedy, draft_length=DraftLength(n), max_new_tokens=32)

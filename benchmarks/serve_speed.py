@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--gsm8k", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--rules", nargs="+", default=["exact", "auto"],
+    parser.add_argument("--rules", nargs="+", default=["exact", "plain"],
                         help="verification rules sent to our server, one configuration each")
     parser.add_argument("--spec-n", type=int, default=3, help="llama-server -md's --spec-draft-n-max")
     parser.add_argument("--rounds", type=int, default=1)

@@ -3,7 +3,7 @@ assisted generation, in one run on one machine.
 
 Prints, per temperature: the per-forward costs (draft step, target step, target verify pass of N+1
 tokens; medians of timings taken between the chunks of prompts of the run itself), then one row per
-configuration: acceptance rate, tau, tokens/s, speedup over "auto", the speedup that the speed model
+configuration: acceptance rate, tau, tokens/s, speedup over "plain", the speedup that the speed model
 (diversed.decoding.schedule, Leviathan et al. with the measured verify cost) predicts from the measured costs and
 per-position acceptance, and the share of our rounds spent outside the two models' forwards (the engine's
 phase profile). Rows named hf-* are transformers' generate(assistant_model=...). Batch-1 configurations
@@ -13,7 +13,7 @@ spreads over all of them.
     .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
         --batch 8 --peers hf-default hf-exact
 
-speedup = (tokens/s of the method) / (tokens/s of auto): the ratio of wall times per generated token, which
+speedup = (tokens/s of the method) / (tokens/s of plain): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
 different times, so per-token time is the fair comparison).
 """
@@ -50,7 +50,7 @@ from diversed.text import encode_prompt
 @dataclass(frozen=True)
 class Spec:
     """One configuration to time: a method label (ours, or hf-exact / hf-static:W / hf-default for the
-    peer), its draft length (None for auto and for the peer's own defaults) and a batch size."""
+    peer), its draft length (None for plain and for the peer's own defaults) and a batch size."""
 
     method: str
     length: DraftLength | None
@@ -217,13 +217,13 @@ def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float 
 
 
 def table(rows: list[Row], costs: dict[str, float], prompts: int) -> str:
-    auto = next(r for r in rows if r.spec.method == "auto" and r.spec.batch == 1)
+    plain = next(r for r in rows if r.spec.method == "plain" and r.spec.batch == 1)
     lines = ["| method | drafts | batch | tokens | acceptance | tau | tokens/s | speedup | predicted | overhead |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r.summary
         cells = [r.spec.method, r.spec.drafting, r.spec.batch, s["new_tokens"], _cell(s["acceptance_rate"], ".1%"),
-                 _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}", f"{r.tokens_per_s / auto.tokens_per_s:.2f}x",
+                 _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}", f"{r.tokens_per_s / plain.tokens_per_s:.2f}x",
                  _cell(predicted_speedup(r, costs, prompts), ".2f", "x"), _cell(r.overhead, ".1%")]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
@@ -260,7 +260,7 @@ def main() -> None:
                         help="the drafting of the static, DIVERSED and batch rows (default: the first of --draftings)")
     parser.add_argument("--weights", type=float, nargs="*", default=[0.7, 0.5])
     parser.add_argument("--batch", type=int, default=4,
-                        help="also run auto and every method at the main drafting at this batch size")
+                        help="also run plain and every method at the main drafting at this batch size")
     parser.add_argument("--heads", nargs="*", default=[],
                         help="DIVERSED heads to run (folders; 'packaged' for the head that ships with the package)")
     parser.add_argument("--draft-vocab", type=int, metavar="K",
@@ -300,12 +300,12 @@ def main() -> None:
     main_drafting = args.main or args.draftings[0]
     methods = [f"static:{w}" for w in args.weights]
     methods += ["diversed" if h == "packaged" else f"diversed:{h}" for h in args.heads]
-    specs = [Spec("auto", None)] + [Spec("exact", d) for d in args.draftings]
+    specs = [Spec("plain", None)] + [Spec("exact", d) for d in args.draftings]
     specs += [Spec(m, main_drafting) for m in methods]
     if args.draft_vocab:
         specs.append(Spec("exact", main_drafting, draft_vocab=args.draft_vocab))
     if args.batch > 1:
-        specs += [Spec("auto", None, args.batch)] + [Spec(m, main_drafting, args.batch) for m in ["exact", *methods]]
+        specs += [Spec("plain", None, args.batch)] + [Spec(m, main_drafting, args.batch) for m in ["exact", *methods]]
     peers = ["hf-exact"] + [f"hf-static:{w}" for w in args.weights] if args.peers is None else args.peers
     if not all(p.startswith("hf-") for p in peers):
         parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")

@@ -1,7 +1,7 @@
 """Two methods of a finished (or running) evaluation against each other, paired on the problems both finished:
 the difference in quality and the ratio of rejection rates, each with its 95% bootstrap interval over
 problems (diversed.evaluation.report.compare), and both acceptance rates. For a question the summary's
-columns (each method against auto, exact and the static curve) do not ask, such as a head against lenience
+columns (each method against plain, exact and the static curve) do not ask, such as a head against lenience
 at about the same acceptance.
 
     .venv/bin/python benchmarks/versus.py benchmarks/results/gsm8k-t0.1 diversed:gsm8k@+3 lossy:0.99

@@ -7,7 +7,7 @@ little; one that loses on problems the target always solves (2 of 2) changes ans
 The reference methods score 100% and 0% in the outer groups by construction (they define them): a third run
 of the target would score a little under 100% in the first, so compare the other methods with that in mind.
 
-    .venv/bin/python benchmarks/where_lost.py benchmarks/results/gsm8k-t0.1 --reference auto,exact \\
+    .venv/bin/python benchmarks/where_lost.py benchmarks/results/gsm8k-t0.1 --reference plain,exact \\
         --methods static:0.8,static:0.4
 """
 
@@ -23,7 +23,7 @@ from diversed.evaluation.run import RESULTS_FILE, load_done_rows
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="an evaluation folder (with results.jsonl)")
-    parser.add_argument("--reference", default="auto,exact",
+    parser.add_argument("--reference", default="plain,exact",
                         help="comma-separated methods that sample the target's own distribution")
     parser.add_argument("--methods", help="comma-separated methods to show (default: all in the results); the "
                                           "problems are those every shown and reference method finished")

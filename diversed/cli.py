@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("prompts", nargs="*", help="prompts; '-' or none reads them from stdin, one per line")
     gen.add_argument("--file", type=Path, help="read prompts from a file: one per line, or JSONL with 'prompt'")
     gen.add_argument("--method", default="exact",
-                     help="auto (the target alone), diversed[:HEAD[@SHIFT]] (a trained head) or a rule, with its "
+                     help="plain (the target alone), diversed[:HEAD[@SHIFT]] (a trained head) or a rule, with its "
                           "parameter as NAME:VALUE, e.g. static:0.7, and its others as ,NAME=VALUE: "
                           + "; ".join(f"{name} ({spec.summary})" for name, spec in RULE_SPECS.items()
                                       if name != "dynamic"))
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ev = commands.add_parser("eval", help="compare methods on a task: table, pictures, resumable, data-parallel")
     ev.add_argument("--task", required=True, help=TASK_HELP)
-    ev.add_argument("--methods", default="auto,exact,static:0.9,static:0.7,static:0.5",
-                    help="comma-separated: auto, exact, static:W, lossy:L, cascade-*:A, typical, diversed:DIR, "
+    ev.add_argument("--methods", default="plain,exact,static:0.9,static:0.7,static:0.5",
+                    help="comma-separated: plain, exact, static:W, lossy:L, cascade-*:A, typical, diversed:DIR, "
                          "and transformers' assisted generation hf-exact, hf-static:W, hf-default")
     ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
     ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")

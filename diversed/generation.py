@@ -59,7 +59,7 @@ def generate(
     provenance: bool = False,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
-    with the pair and a method ("auto", "exact", "static:0.7",
+    with the pair and a method ("plain", "exact", "static:0.7",
     "diversed:HEAD" with a head's folder or a shipped head's name, ...). weight_fn overrides the head of a
     "diversed" method (or drives "dynamic").
 

@@ -10,6 +10,7 @@ one its math under the same name.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -169,7 +170,10 @@ class Sampling:
         return self.temperature == 0
 
 
-METHODS = ("auto", *RULE_SPECS, "diversed")
+METHODS = ("plain", *RULE_SPECS, "diversed")
+# Old spellings that still work for one release, with a warning. The target alone was method "auto", the name
+# the drafter and the draft schedule use for the speed model's choice each round; it is "plain" decoding now.
+RENAMED_METHODS = {"auto": "plain"}
 # What proposes the drafts (diversed.decoding.drafters): the speed model's choice each round, the draft model,
 # prompt lookup, the suffix cache or the request's prediction (Predicted Outputs).
 DRAFTERS = ("auto", "model", "lookup", "suffix", "prediction")
@@ -182,7 +186,7 @@ _FIRST = {name: spec.parameters[0] for name, spec in RULE_SPECS.items() if spec.
 
 @dataclass(frozen=True)
 class Method:
-    """Which decoding to run: "auto" (the target alone) or a verification rule with its parameters.
+    """Which decoding to run: "plain" (the target alone) or a verification rule with its parameters.
 
     "dynamic" takes its weights from a weight function given to the decoder; "diversed" is "dynamic" with
     the trained head `head`: a folder (diversed.head) or the name of a head shipped for the default pair,
@@ -204,6 +208,7 @@ class Method:
     shift: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", _current_name(self.name))
         if self.name not in METHODS:
             raise RequestError("method", f"{{}} must be one of {METHODS}, got {self.name!r}")
         if self.shift is not None and (self.name != "diversed" or not math.isfinite(self.shift)):
@@ -219,11 +224,12 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """'auto', 'exact', 'static:0.7', 'lossy:0.3', 'cascade-opt:0.2', 'typical:0.09', 'diversed:DIR',
+        """'plain', 'exact', 'static:0.7', 'lossy:0.3', 'cascade-opt:0.2', 'typical:0.09', 'diversed:DIR',
         'diversed:DIR@+1' (the head shifted by +1 logit; 'diversed:@+1': the default head shifted); a rule's
         other parameters follow by name: 'lossy-entropy:0.5,entropy_threshold=1.2', 'judi:0.1,max_confidence=0.8',
         'typical:0.09,delta=0.5'."""
         name, _, value = text.partition(":")
+        name = _current_name(name)
         if not value or name not in METHODS:
             return cls(name)  # an unknown name is refused as such, whatever follows it
         if name not in _FIRST:
@@ -249,7 +255,7 @@ class Method:
     @property
     def rule(self) -> str | None:
         """The rule passed to diversed.verify.verify (None for plain decoding)."""
-        return {"auto": None, "diversed": "dynamic"}.get(self.name, self.name)
+        return {"plain": None, "diversed": "dynamic"}.get(self.name, self.name)
 
     @property
     def label(self) -> str:
@@ -267,6 +273,15 @@ class Method:
     def verify_params(self) -> dict:
         """The keyword arguments of verify() that this method sets."""
         return {k: v for k, v in asdict(self).items() if k not in ("name", "head", "shift") and v is not None}
+
+
+def _current_name(name: str) -> str:
+    """A method's name as it is now spelled; an old spelling (RENAMED_METHODS) with a warning."""
+    if name not in RENAMED_METHODS:
+        return name
+    warnings.warn(f"method {name!r} is now {RENAMED_METHODS[name]!r} (the target alone); {name!r} stops working "
+                  "in the next release", FutureWarning, stacklevel=4)
+    return RENAMED_METHODS[name]
 
 
 def _head_and_shift(value: str) -> tuple[str | None, float | None]:
@@ -407,8 +422,8 @@ def check_predictions(prediction: str | Sequence[str | None] | None, count: int,
         raise RequestError("drafter", "{} 'prediction' drafts from a prediction: give one for every prompt")
     if given and drafter not in ("auto", "prediction"):
         raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")
-    if given and method.name == "auto":
-        raise RequestError("prediction", "method 'auto' decodes with the target alone: a {} would go unused")
+    if given and method.name == "plain":
+        raise RequestError("prediction", "method 'plain' decodes with the target alone: a {} would go unused")
     return predictions
 
 

@@ -92,7 +92,7 @@ def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
     front), each with its own rule, leaving as they finish, equal their solo runs at T = 0."""
     models, _ = backend
     target, draft = models["target"], models["close"]
-    methods = [Method("exact"), Method("static", weight=0.5), Method("auto"), Method("lossy", lenience=0.5)]
+    methods = [Method("exact"), Method("static", weight=0.5), Method("plain"), Method("lossy", lenience=0.5)]
     batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
     jobs = [Job(prompt, Policy(method, GREEDY), max_new_tokens=10 + 4 * i)
             for i, (prompt, method) in enumerate(zip(PROMPTS, methods, strict=True))]
@@ -123,7 +123,7 @@ def test_greedy_batches_with_rows_that_keep_different_counts(backend, draft, met
     """Exact writes the target's own greedy tokens; every rule's batch equals its rows run alone."""
     models, _ = backend
     target = models["target"]
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=20)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=20)
     out = decode(target, PROMPTS, draft=models[draft], method=method, sampling=GREEDY, draft_length=4,
                  max_new_tokens=20)
     if method.name == "exact":
@@ -200,12 +200,12 @@ def test_generate_command_on_gguf_files(files, capsys):
     _, target = files["target"]
     _, draft = files["close"]
     outputs = {}
-    for method in ("auto", "exact"):
+    for method in ("plain", "exact"):
         code = main(["generate", "--draft", draft, "--target", target, "--json", "--method", method,
                      "--temperature", "0", "--max-new-tokens", "12", "--no-chat", "hello world"])
         assert code == 0
         outputs[method] = json.loads(capsys.readouterr().out)
-    assert outputs["exact"]["text"] == outputs["auto"]["text"] and outputs["exact"]["new_tokens"] == 12
+    assert outputs["exact"]["text"] == outputs["plain"]["text"] and outputs["exact"]["new_tokens"] == 12
 
 
 def test_hidden_states_on_change_no_row_of_the_logits(backend):

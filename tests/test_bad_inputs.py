@@ -105,13 +105,13 @@ GENERATE = [
         ("static:-0.1", "weight must be in"), ("static:1.5", "weight must be in"), ("lossy:1", "lenience"),
         ("lossy:-0.5", "lenience"), ("cascade-opt:2", "alpha"), ("cascade-chow:nan", "alpha"),
         ("cascade-token:-1", "alpha"), ("typical:0", "epsilon"), ("typical:-1", "epsilon"),
-        ("typical:inf", "epsilon"), ("exact:0.5", "takes no parameter"), ("auto:1", "takes no parameter"),
+        ("typical:inf", "epsilon"), ("exact:0.5", "takes no parameter"), ("plain:1", "takes no parameter"),
         ("dynamic", "weight function"))],
     (["--head", "{root}"], "--head is for --method diversed"),
     (["--method", "diversed:gsm8k@+1", "--head", "{root}"], "--head is for --method diversed without a head"),
     (["--method", "bogus:1"], "method must be one of"),
     (["--method", "diversed:gsm8k@nan"], "finite number"),
-    *[(["--method", m, "--delta", "0.5"], "takes no delta") for m in ("diversed", "auto")],
+    *[(["--method", m, "--delta", "0.5"], "takes no delta") for m in ("diversed", "plain")],
     (["--method", "cactus:0.1", "--delta", "0.5"], "cactus:DELTA"),
     *[(["--method", m], e) for m, e in (
         ("cactus:-1", "delta"), ("judi:-0.1", "epsilon"), ("lossy-entropy:1", "lenience"))],
@@ -233,7 +233,7 @@ EVAL = [
     (["--task", "banana"], "unknown task"),
     (["--task", "jsonl:{missing}"], "not found"),
     (["--methods", ""], "no methods"),
-    (["--methods", "auto,banana"], "method must be one of"),
+    (["--methods", "plain,banana"], "method must be one of"),
     (["--methods", "exact,exact"], "listed twice"),
     (["--methods", "static:2"], "weight must be in"),
     (["--methods", "hf-static:1.5"], "hf-static:W"),
@@ -252,7 +252,7 @@ def run_with_defaults(command: str, args: list[str], defaults: dict[str, str], f
 
 @pytest.mark.parametrize(("args", "message"), EVAL, ids=[" ".join(a) for a, _ in EVAL])
 def test_eval_refuses_before_loading_and_writes_nothing(files, capsys, no_loading, tmp_path, args, message):
-    defaults = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--methods": "auto,exact"}
+    defaults = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--methods": "plain,exact"}
     code, err = run_with_defaults("eval", args, defaults, files, capsys)
     assert code == 2 and message in err, err
     assert not (tmp_path / "out").exists()
@@ -342,7 +342,7 @@ API = [
     (lambda: EvalConfig("humaneval", seed=-3), "seed"),
     (lambda: EvalConfig("humaneval", seed=2**32), "seed"),
     (lambda: TrainConfig(seed=2**32), "seed"),
-    (lambda: Method("auto", weight=0.5), "takes no weight"),
+    (lambda: Method("plain", weight=0.5), "takes no weight"),
     (lambda: Method("diversed", weight=0.3), "takes no weight"),
     (lambda: parse_methods(["exact", "static:x"]), "cannot read method"),
     (lambda: TrainConfig(lam=math.inf), "lambda"),

@@ -17,7 +17,7 @@ from tiny import perturbed, tiny_model
 
 GREEDY = Sampling(0)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [8, 8, 4, 6], [6, 2, 8, 3]]
-METHODS = [Method("exact"), Method("static", weight=0.4), Method("lossy", lenience=0.5), Method("auto"),
+METHODS = [Method("exact"), Method("static", weight=0.4), Method("lossy", lenience=0.5), Method("plain"),
            Method("cascade-opt", alpha=0.2), Method("typical")]
 
 
@@ -115,9 +115,9 @@ def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
     batch = Batch(target, None, capacity=1)
     with pytest.raises(ValueError, match="needs a draft"):
         batch.add(job(PROMPTS[0], Method("exact")))
-    batch.add(job(PROMPTS[0], Method("auto")))
+    batch.add(job(PROMPTS[0], Method("plain")))
     with pytest.raises(RuntimeError, match="full"):
-        batch.add(job(PROMPTS[1], Method("auto")))
+        batch.add(job(PROMPTS[1], Method("plain")))
     with pytest.raises(ValueError, match="context"):
         one_row = Batch(target, make_drafter("model", draft, capacity=1), capacity=1)
         one_row.add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
@@ -128,7 +128,7 @@ def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     target = tiny_model(0)
     batch = Batch(as_model(target), make_drafter("model", as_model(tiny_model(5, layers=2, hidden=32)), capacity=3),
                   draft_length=DraftLength(3, "heuristic"), capacity=3)
-    jobs = [job(p, m) for p, m in zip(PROMPTS[:3], [Method("exact"), Method("auto"), Method("auto")], strict=True)]
+    jobs = [job(p, m) for p, m in zip(PROMPTS[:3], [Method("exact"), Method("plain"), Method("plain")], strict=True)]
     for j in jobs:
         batch.add(j)
     batch.step()

@@ -453,4 +453,4 @@ def test_a_named_parameter_that_does_not_fit_is_refused(text, match):
 def test_rule_names_do_not_clash():
     assert len(set(METHODS)) == len(METHODS)
     assert {"cactus", "judi", "lossy-entropy"} <= set(RULES) and not {"cactus", "judi", "lossy-entropy"} & {
-        "auto", "diversed"}
+        "plain", "diversed"}

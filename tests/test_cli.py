@@ -133,7 +133,7 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
                         "--max-new-tokens", "4", *pair_args, "t3"], capsys)
     assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"
     code, out, _ = run(["eval", "--task", f"jsonl:{data}", "--split", "all", "--methods",
-                        f"auto,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
+                        f"plain,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
                         *pair_args], capsys)
     assert code == 0 and "| diversed:" in out and (tmp_path / "eval" / "summary.md").is_file()
 
@@ -148,7 +148,7 @@ def test_a_bad_prompt_file_line_is_named(models, capsys, tmp_path):
 def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsys):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
               "0", "--max-new-tokens", "8", "t3 t4 t5"]
-    _, full, _ = run(common + ["--json", "--method", "auto"], capsys)
+    _, full, _ = run(common + ["--json", "--method", "plain"], capsys)
     code, out, _ = run(common + ["--json", "--draft-vocab", "10", "--profile"], capsys)
     line = json.loads(out)
     assert code == 0 and line["text"] == json.loads(full)["text"]

@@ -172,7 +172,7 @@ def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
     assert isinstance(target.lm_head, DynamicLinear)
     assert target.lm_head._packed_params.dtype == torch.float16
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
-    auto = generate(default_pair, prompts, method="auto", temperature=0, max_new_tokens=10)
+    auto = generate(default_pair, prompts, method="plain", temperature=0, max_new_tokens=10)
     exact = generate(default_pair, prompts, method="exact", temperature=0, max_new_tokens=10, draft_length=3,
                      batch_size=2)
     assert [c.tokens for c in exact] == [c.tokens for c in auto]
@@ -201,7 +201,7 @@ def test_a_draft_with_a_restricted_vocabulary_stays_exact_on_the_default_pair(de
     _, small_draft = load_model(str(draft_dir), vocab=32768)
     small = replace(default_pair, draft=small_draft)
     prompt = "Write a Python function that reverses a string."
-    auto = generate(default_pair, prompt, method="auto", temperature=0, max_new_tokens=12)
+    auto = generate(default_pair, prompt, method="plain", temperature=0, max_new_tokens=12)
     exact = generate(small, prompt, method="exact", temperature=0, max_new_tokens=12, draft_length=4)
     assert exact[0].tokens == auto[0].tokens and exact[0].metrics["acceptance_rate"] > 0.5
 
@@ -215,7 +215,7 @@ def llama_pair(default_pair):  # after the transformers pair: it assembles the G
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_rule_runs_on_llama_cpp_and_greedy_exact_is_the_target(llama_pair, temperature):
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
-    auto = generate(llama_pair, prompts, method="auto", temperature=0, max_new_tokens=12)
+    auto = generate(llama_pair, prompts, method="plain", temperature=0, max_new_tokens=12)
     for method in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed"):
         out = generate(llama_pair, prompts, method=method, temperature=temperature, max_new_tokens=12,
                        draft_length=3, batch_size=2)

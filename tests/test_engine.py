@@ -47,7 +47,7 @@ def requested(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_exact_equals_plain_target_decoding(target, draft, n, batch):
     prompts = PROMPTS[:batch]
-    plain = decode(target, prompts, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, prompts, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
     spec = decode(target, prompts, draft=draft, method=Method("exact"), sampling=GREEDY,
                   draft_length=DraftLength(n), max_new_tokens=24)
     assert spec.tokens == plain.tokens
@@ -71,7 +71,7 @@ def test_batch_equals_one_by_one(target, draft, method):
 @pytest.mark.parametrize("schedule", [DraftLength(2, "heuristic"), DraftLength(4, confidence=0.3),
                                       DraftLength(3, "heuristic", confidence=0.5)])
 def test_schedules_and_confidence_stop_stay_exact(target, draft, schedule):
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
     spec = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=schedule, max_new_tokens=24)
     assert spec.tokens == plain.tokens
 
@@ -132,7 +132,7 @@ def test_dynamic_weights_see_both_models_hidden_states(target, draft):
 
 
 def test_each_sequence_stops_at_its_own_eos(target, draft):
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
     eos = plain.tokens[0][5]  # a token the first sequence writes early
     out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, max_new_tokens=24, eos_token_ids=[eos])
     for full, tokens, stats in zip(plain.tokens, out.tokens, out.stats, strict=True):
@@ -143,7 +143,7 @@ def test_each_sequence_stops_at_its_own_eos(target, draft):
 
 
 def test_stop_function_ends_a_sequence_at_the_token_that_completes_it(target, draft):
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
     out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=DraftLength(5), max_new_tokens=24,
                  stop=lambda t, start: max(start + 1, 3) if len(t) >= 3 else None)
     # A round that writes past the stop is cut back: the same tokens as the target alone, and counts to match.
@@ -272,12 +272,12 @@ def test_bad_weights_and_unsupported_models_are_refused(target, draft):
     capped = tiny_model(0)
     capped.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="soft-capping"):
-        decode(capped, PROMPTS, method=Method("auto"))
+        decode(capped, PROMPTS, method=Method("plain"))
 
 
 def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requested):
     close = perturbed(target, 0.05, 1)
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=30)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=30)
     spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
                   max_new_tokens=30)
     assert spec.tokens == plain.tokens
@@ -288,7 +288,7 @@ def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requeste
     assert len(set(requested)) > 1 or drafted_rounds < max(s.target_forwards for s in spec.stats)
 
 
-@pytest.mark.parametrize("method", [Method("auto"), Method("exact"), Method("dynamic")])
+@pytest.mark.parametrize("method", [Method("plain"), Method("exact"), Method("dynamic")])
 def test_profile_splits_the_wall_time_into_phases(target, draft, method):
     out = decode(target, PROMPTS, draft=draft, method=method, sampling=Sampling(1.0), max_new_tokens=12,
                  weight_fn=lambda hd, ht: torch.full(hd.shape[:2], 0.5), profile=True)
@@ -297,7 +297,7 @@ def test_profile_splits_the_wall_time_into_phases(target, draft, method):
     assert sum(profile[phase] for phase in PHASES) == pytest.approx(profile["total"])
     assert profile["total"] <= out.wall_time + 1e-3 and profile["target forward"] > 0
     assert profile["rounds"] == max(s.target_forwards for s in out.stats)
-    assert (profile["draft forward"] > 0) == (method.name != "auto")
+    assert (profile["draft forward"] > 0) == (method.name != "plain")
     assert (profile["head"] > 0) == (method.name == "dynamic")
 
 

@@ -13,6 +13,7 @@ import pytest
 import diversed.evaluation.run as run
 from diversed.evaluation.report import summarize_results
 from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_methods
+from diversed.request import Method
 from diversed.tasks import get_task
 
 from eval_worker import CONFIG, METHODS
@@ -247,9 +248,9 @@ def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens
     examples = [replace(e, metadata={"original": "t5 t6 t7 t8"}) for e in small_task.examples("test")]
     task = replace(small_task, examples=lambda split, limit=None: examples[:limit])
     config = replace(SMALL, prediction=True, drafter="auto", max_new_tokens=8)
-    evaluate(pair, task, ["auto", "exact"], config, tmp_path / "eval", progress=False)
+    evaluate(pair, task, ["plain", "exact"], config, tmp_path / "eval", progress=False)
     by_method = {r["method"]: r for r in rows(tmp_path / "eval") if r["example"] == "1"}
-    assert "accepted_prediction_tokens" not in by_method["auto"]
+    assert "accepted_prediction_tokens" not in by_method["plain"]
     exact = by_method["exact"]
     assert exact["accepted_prediction_tokens"] + exact["rejected_prediction_tokens"] == 4
 
@@ -293,8 +294,8 @@ def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):
 
 
 def test_method_lists_are_checked():
-    assert parse_methods("auto, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
-        "auto", "exact", "static:0.7", "hf-static:0.5", "hf-exact", "diversed:gsm8k", "diversed"]
+    assert parse_methods("plain, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
+        "plain", "exact", "static:0.7", "hf-static:0.5", "hf-exact", "diversed:gsm8k", "diversed"]
     # one spelling per method, so that a resumed run or a report finds rows written under another
     assert parse_methods(["static:.70", "lossy:1e-1", "hf-static:.5", "diversed:gsm8k@+1.0", "diversed:@-0.50"]) == [
         "static:0.7", "lossy:0.1", "hf-static:0.5", "diversed:gsm8k@+1", "diversed:@-0.5"]
@@ -309,8 +310,8 @@ def test_method_lists_are_checked():
 def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair, task, tmp_path):
     out_complete, _ = complete
     shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
-    summaries = evaluate(pair, task, ["auto", "static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
-    assert [s["method"] for s in summaries] == ["auto", "static:0.9"]
+    summaries = evaluate(pair, task, ["plain", "static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
+    assert [s["method"] for s in summaries] == ["plain", "static:0.9"]
     methods = {r["method"] for r in rows(tmp_path)}
     assert methods == {*METHODS, "static:0.9"} and len(rows(tmp_path)) == 7 * (len(METHODS) + 1)
     # The earlier rows are left byte for byte where they were: a committed file's diff is the added rows.
@@ -338,7 +339,7 @@ def test_duplicate_example_ids_are_refused(pair, tmp_path):
             return super().examples(split, limit) * 2
 
     with pytest.raises(ValueError, match="same id"):
-        evaluate(pair, Twice(share_of_draft_tokens), ["auto"], CONFIG, tmp_path, progress=False)
+        evaluate(pair, Twice(share_of_draft_tokens), ["plain"], CONFIG, tmp_path, progress=False)
 
 
 def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
@@ -375,12 +376,12 @@ def test_the_peer_writes_the_targets_greedy_text_and_its_ensemble_weight_acts(pa
 def test_paired_comparisons_with_bootstrap_intervals(complete):
     out, summaries = complete
     by_method = {s["method"]: s for s in summaries}
-    assert by_method["auto"]["quality_vs_auto"] is None and by_method["exact"]["rejection_vs_exact"] is None
+    assert by_method["plain"]["quality_vs_plain"] is None and by_method["exact"]["rejection_vs_exact"] is None
     results = rows(out)
     reward = {m: sum(r["reward"] for r in results if r["method"] == m) / 7 for m in METHODS}
     static = by_method["static:0.2"]
-    assert static["quality_vs_auto"] == pytest.approx(reward["static:0.2"] - reward["auto"])
-    assert static["quality_vs_auto_low"] <= static["quality_vs_auto"] <= static["quality_vs_auto_high"]
+    assert static["quality_vs_plain"] == pytest.approx(reward["static:0.2"] - reward["plain"])
+    assert static["quality_vs_plain_low"] <= static["quality_vs_plain"] <= static["quality_vs_plain_high"]
     # w = 0.2 keeps far more drafts than exact: its rejection rate is a fraction of exact's.
     assert static["rejection_vs_exact_low"] <= static["rejection_vs_exact"] <= static["rejection_vs_exact_high"] < 1
     assert summarize_results(results, METHODS) == summaries  # the fixed seed makes the intervals repeatable
@@ -391,10 +392,10 @@ def test_two_methods_compared_directly_agree_with_the_summarys_paired_columns(co
 
     out, summaries = complete
     static = next(s for s in summaries if s["method"] == "static:0.2")
-    versus_auto, versus_exact = compare(rows(out), "static:0.2", "auto"), compare(rows(out), "static:0.2", "exact")
+    versus_auto, versus_exact = compare(rows(out), "static:0.2", "plain"), compare(rows(out), "static:0.2", "exact")
     assert versus_auto["examples"] == versus_exact["examples"] == 7
-    assert versus_auto["quality_difference"] == (static["quality_vs_auto"], static["quality_vs_auto_low"],
-                                                 static["quality_vs_auto_high"])
+    assert versus_auto["quality_difference"] == (static["quality_vs_plain"], static["quality_vs_plain_low"],
+                                                 static["quality_vs_plain_high"])
     assert versus_exact["rejection_ratio"] == (static["rejection_vs_exact"], static["rejection_vs_exact_low"],
                                                static["rejection_vs_exact_high"])
     assert versus_auto["rejection_ratio"] is None  # auto drafts nothing
@@ -436,9 +437,9 @@ def test_static_curve_is_interpolated_between_its_weights_and_never_extrapolated
 
 
 def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance():
-    methods = ["auto", "exact", "static:0.5", "diversed:head"]
+    methods = ["plain", "exact", "static:0.5", "diversed:head"]
     rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
-    rows = (synthetic_rows("auto", 0, rewards) + synthetic_rows("exact", 8, rewards)
+    rows = (synthetic_rows("plain", 0, rewards) + synthetic_rows("exact", 8, rewards)
             + synthetic_rows("static:0.5", 9, [0] * 10) + synthetic_rows("diversed:head", 8, rewards))
     for row in rows[:10]:
         row["drafted"] = 0
@@ -449,16 +450,16 @@ def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance
     # The curve at 0.85 is halfway between exact (0.6) and static:0.5 (0.0): 0.3; DIVERSED has 0.6.
     assert diversed["quality_vs_static"] == pytest.approx(0.3)
     assert diversed["quality_vs_static_low"] <= diversed["quality_vs_static"] <= diversed["quality_vs_static_high"]
-    assert all(by_method[m]["quality_vs_static"] is None for m in ("auto", "exact", "static:0.5"))
+    assert all(by_method[m]["quality_vs_static"] is None for m in ("plain", "exact", "static:0.5"))
     assert summarize_results(rows, methods) == list(by_method.values())  # fixed seed: repeatable
 
 
 def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_drawn(tmp_path):
     from diversed.evaluation.report import plot_tradeoffs
 
-    methods = ["auto", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
+    methods = ["plain", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
     rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
-    rows = (synthetic_rows("auto", 0, rewards) + synthetic_rows("exact", 8, rewards)
+    rows = (synthetic_rows("plain", 0, rewards) + synthetic_rows("exact", 8, rewards)
             + synthetic_rows("lossy:0.9", 9, [0] * 10) + synthetic_rows("cactus:1", 9, [0] * 10)
             + synthetic_rows("diversed:head", 8, rewards))
     for row in rows[:10]:
@@ -493,25 +494,25 @@ def test_legend_labels_tell_heads_with_the_same_folder_name_apart():
         "diversed:runs/lambda0.3/head-step-12": "diversed (lambda0.3/head-step-12)",
         "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)"}
     assert _labels(["diversed:a/head", "diversed:b/other"])["diversed:a/head"] == "diversed (head)"  # fewest parts
-    assert _labels(["auto", "static:0.5"]) == {"auto": "auto", "static:0.5": "static:0.5"}
+    assert _labels(["plain", "static:0.5"]) == {"plain": "plain", "static:0.5": "static:0.5"}
 
 
 def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
     from diversed.evaluation.report import quality_by_reference_agreement
 
-    rows = (synthetic_rows("auto", 0, [1, 1, 1, 0, 0, 0])
+    rows = (synthetic_rows("plain", 0, [1, 1, 1, 0, 0, 0])
             + synthetic_rows("exact", 8, [1, 1, 0, 1, 0, 0])
             + synthetic_rows("static:0.5", 9, [1, 0, 1, 0, 1, 0])
             + synthetic_rows("late", 9, [1, 1]))  # finished only e0, e1
-    groups = quality_by_reference_agreement(rows, ["static:0.5"], ["auto", "exact"])
+    groups = quality_by_reference_agreement(rows, ["static:0.5"], ["plain", "exact"])
     assert [(g["solved_by"], g["examples"]) for g in groups] == [(2, 2), (1, 2), (0, 2)]
     assert [g["quality"]["static:0.5"][0] for g in groups] == [0.5, 0.5, 0.5]
     assert all(low <= mean <= high for g in groups for mean, low, high in g["quality"].values())
     # Only the examples every shown method finished; a group may be empty.
-    groups = quality_by_reference_agreement(rows, ["static:0.5", "late"], ["auto", "exact"])
+    groups = quality_by_reference_agreement(rows, ["static:0.5", "late"], ["plain", "exact"])
     assert [g["examples"] for g in groups] == [2, 0, 0] and groups[1]["quality"]["late"] is None
     with pytest.raises(ValueError, match="no results for: lenient"):
-        quality_by_reference_agreement(rows, ["lenient"], ["auto", "exact"])
+        quality_by_reference_agreement(rows, ["lenient"], ["plain", "exact"])
 
 
 def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
@@ -522,23 +523,23 @@ def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
 
     from diversed.evaluation.report import markdown_table, write_summary
 
-    auto = synthetic_rows("auto", 0, [1, 0, 1, 1])
+    auto = synthetic_rows("plain", 0, [1, 0, 1, 1])
     lenient = synthetic_rows("lossy:0.5", 9, [1, 0, 0])  # e0..e2 only: the speedup pairs them with auto's
     for i, (mine, theirs) in enumerate(zip(lenient, auto, strict=False)):
         theirs["wall_time"], mine["wall_time"], mine["new_tokens"] = 2.0 * (i + 1), float(i + 1), 60
     auto[3]["wall_time"] = 100.0  # unpaired: it moves auto's own mean, not the paired speedup
-    summaries = summarize_results(auto + lenient, ["auto", "lossy:0.5"])
+    summaries = summarize_results(auto + lenient, ["plain", "lossy:0.5"])
     by_method = {s["method"]: s for s in summaries}
     mine = by_method["lossy:0.5"]
     assert mine["time_per_example"] == pytest.approx(2.0) and mine["new_tokens"] == 60
     half = 1.959964 * 1.0 / 3 ** 0.5  # standard deviation 1 over 3 examples
     assert (mine["time_per_example_low"], mine["time_per_example_high"]) == (
         pytest.approx(2.0 - half, abs=1e-4), pytest.approx(2.0 + half, abs=1e-4))
-    assert by_method["auto"]["time_per_example"] == pytest.approx((2 + 4 + 6 + 100) / 4)
+    assert by_method["plain"]["time_per_example"] == pytest.approx((2 + 4 + 6 + 100) / 4)
     # Every resample of the paired examples takes exactly half auto's time: the interval is the point.
     assert (mine["time_speedup"], mine["time_speedup_low"], mine["time_speedup_high"]) == (
         pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
-    assert by_method["auto"]["time_speedup"] is None
+    assert by_method["plain"]["time_speedup"] is None
     assert mine["speedup"] > 3 * mine["time_speedup"]  # tokens/s counts the longer answers as speed
     table = markdown_table(summaries, "accuracy")
     assert "| s/example (95% CI) | speedup by time (95% CI) |" in table.splitlines()[0]
@@ -548,3 +549,14 @@ def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
         written = list(csv.DictReader(f))
     assert float(written[1]["time_per_example"]) == pytest.approx(2.0)
     assert float(written[1]["time_speedup"]) == pytest.approx(2.0) and written[0]["time_speedup"] == ""
+
+
+def test_the_old_name_of_plain_decoding_still_works_for_a_release(tmp_path):
+    """Method 'auto' (the target alone) is 'plain' now: the old spelling works, with a warning, from Python and
+    the command line alike, and rows of earlier evaluations that say 'auto' are read as 'plain'."""
+    with pytest.warns(FutureWarning, match="'auto' is now 'plain'"):
+        assert Method.parse("auto") == Method("plain")
+    with pytest.warns(FutureWarning):
+        assert parse_methods("auto,exact") == ["plain", "exact"]
+    (tmp_path / "results.jsonl").write_text(json.dumps({"example": "a", "method": "auto", "reward": 1}) + "\n")
+    assert [r["method"] for r in load_done_rows(tmp_path / "results.jsonl")] == ["plain"]

@@ -101,7 +101,7 @@ def api_marks(url: str, prompt: str, verification: str, max_tokens: int = 12, te
 
 def test_the_page_builds_its_dial_from_the_servers_api(page):
     rules = [o.get_attribute("value") for o in page.find_elements(By.CSS_SELECTOR, "[data-dial=A] .rule option")]
-    assert {"auto", "exact", "lossy", "static", "cactus", "typical", "diversed"} <= set(rules)
+    assert {"plain", "exact", "lossy", "static", "cactus", "typical", "diversed"} <= set(rules)
     assert "dynamic" not in rules  # a head's rule: offered as "diversed" with the loaded heads
     set_rule(page, "A", "diversed")
     heads = [o.text for o in page.find_elements(By.CSS_SELECTOR, "[data-dial=A] .head option")]
@@ -113,7 +113,7 @@ def test_the_page_builds_its_dial_from_the_servers_api(page):
 
 
 @pytest.mark.parametrize("rule, values, verification, temperature", [
-    ("exact", {}, "exact", 0), ("lossy", {"lenience": 0.9}, "lossy:0.9", 1.0), ("auto", {}, "auto", 0)])
+    ("exact", {}, "exact", 0), ("lossy", {"lenience": 0.9}, "lossy:0.9", 1.0), ("plain", {}, "plain", 0)])
 def test_a_prompt_streams_with_the_marks_the_api_reports(page, url, rule, values, verification, temperature):
     fill(page, "t3 t4 t5", temperature=temperature, seed=7)
     set_rule(page, "A", rule, **values)
@@ -124,7 +124,7 @@ def test_a_prompt_streams_with_the_marks_the_api_reports(page, url, rule, values
     assert {origin for origin, _ in shown} <= ORIGIN_NAMES
     spans = panel.find_elements(By.CSS_SELECTOR, ".text .token")
     assert all(f"origin-{s.get_attribute('data-origin')}" in s.get_attribute("class").split() for s in spans)
-    if rule == "auto":
+    if rule == "plain":
         assert {origin for origin, _ in shown} == {"target"}
         assert panel.find_element(By.CSS_SELECTOR, ".acceptance").text == "–"
     else:

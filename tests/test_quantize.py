@@ -59,7 +59,7 @@ def test_greedy_exact_with_a_quantized_draft_writes_the_targets_tokens(weights):
     target = tiny_model(0, layers=3)
     draft = quantize_linears(perturbed(target, 0.05, 1), weights)
     prompts = [[1, 2, 3, 4], [5, 6]]
-    plain = decode(target, prompts, method=Method("auto"), sampling=Sampling(0), max_new_tokens=16)
+    plain = decode(target, prompts, method=Method("plain"), sampling=Sampling(0), max_new_tokens=16)
     fast = decode(target, prompts, draft=draft, method=Method("exact"), sampling=Sampling(0), max_new_tokens=16,
                   draft_length=4)
     assert fast.tokens == plain.tokens
@@ -70,7 +70,7 @@ def test_greedy_exact_on_a_float16_weight_target_writes_its_own_tokens():
     target = quantize_linears(tiny_model(0, layers=3), "float16")
     draft = perturbed(tiny_model(0, layers=3), 0.05, 1)
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
-    plain = decode(target, prompts, method=Method("auto"), sampling=Sampling(0), max_new_tokens=16)
+    plain = decode(target, prompts, method=Method("plain"), sampling=Sampling(0), max_new_tokens=16)
     fast = decode(target, prompts, draft=draft, method=Method("exact"), sampling=Sampling(0), max_new_tokens=16,
                   draft_length=3)
     assert fast.tokens == plain.tokens

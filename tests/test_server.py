@@ -28,7 +28,7 @@ from diversed.models.loading import Pair
 
 from tiny import WORDS, save_tiny_pair, tiny_model, toy_pair, word_tokenizer
 
-RULES = ["exact", "static:0.7", "lossy:0.3", "auto", "diversed"]
+RULES = ["exact", "static:0.7", "lossy:0.3", "plain", "diversed"]
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_predicted_outputs_through_the_openai_client(server, pair, head_dir):
     assert plain.usage.completion_tokens_details.accepted_prediction_tokens is not None
 
 
-@pytest.mark.parametrize("rule", ["exact", "lossy:0.9", "auto"])
+@pytest.mark.parametrize("rule", ["exact", "lossy:0.9", "plain"])
 def test_provenance_through_the_openai_client(server, rule):
     """`provenance: true` (extra body) adds each token's origin to the choice; it agrees with the text and the
     speculative counts, exact never relaxes a token, and without it the reply has no new field."""
@@ -216,7 +216,7 @@ def test_provenance_through_the_openai_client(server, rule):
     rounds = {r["round"]: r["drafted"] for r in records}
     assert sorted(rounds) == list(range(1, len(rounds) + 1))
     assert len(records) / len(rounds) == pytest.approx(speculative["tau"])
-    if rule == "auto":
+    if rule == "plain":
         assert set(origins) == {"target"} and all(r["p"] > 0 and r["q"] is None for r in records)
         return
     assert choice.finish_reason == "length"  # nothing cut at EOS: every kept draft is in the text
@@ -266,7 +266,7 @@ def test_the_dial_endpoint_lists_what_a_request_may_set(server):
     ({"prompt": "t3", "prediction": {"type": "content", "content": ""}}, "prediction"),
     ({"prompt": "t3", "prediction": {"type": "content", "content": " ".join(["t3"] * 300)}}, "prediction"),
     ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "drafter": "lookup"}, "prediction"),
-    ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "verification": "auto"}, "prediction"),
+    ({"prompt": "t3", "prediction": {"type": "content", "content": "t3"}, "verification": "plain"}, "prediction"),
     ({"prompt": "t3", "drafter": "prediction"}, "drafter"),
     ({"prompt": "t3", "provenance": "yes"}, "provenance"),
     ({"prompt": "t3", "verification": "strict"}, "verification"),

@@ -43,7 +43,7 @@ def test_request_to_rule():
     assert parse_verification("diversed:@+1") == Method("diversed", shift=1.0)
     assert parse_verification("typical") == Method("typical")
     for bad, says in (("static", "needs weight"), ("static:2", "weight must be in [0, 1]"), ("nope", "'nope'"),
-                      ("auto", "verifies nothing"), ("dynamic", "'diversed'"), ("diversed:/no/head", "no head")):
+                      ("plain", "verifies nothing"), ("dynamic", "'diversed'"), ("diversed:/no/head", "no head")):
         with pytest.raises(ValueError, match="use one of exact, lossy:LENIENCE") as err:
             request_method({KEY: bad})
         assert says in str(err.value)

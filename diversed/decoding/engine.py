@@ -101,7 +101,7 @@ def decode(
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
                          "logits)")
-    if method.name == "auto":
+    if method.name == "plain":
         drafter = None
     elif isinstance(drafter, str) or (drafter is None and draft is not None):
         drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=draft_length.confidence,

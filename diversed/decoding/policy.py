@@ -43,7 +43,7 @@ class LenienceFn(Protocol):
 
 @dataclass(eq=False)
 class Policy:
-    """How a row is decoded. method: "auto" (the target alone) or a rule; weight_fn: the head of a
+    """How a row is decoded. method: "plain" (the target alone) or a rule; weight_fn: the head of a
     "diversed"/"dynamic" method; generator: the row's random stream; max_drafts: at most this many drafts
     a round for this row (None: the batch's draft length); drafter: which of an "auto" drafter's members may
     draft for this row ("auto": any)."""
@@ -57,7 +57,7 @@ class Policy:
 
     @property
     def drafts(self) -> bool:
-        return self.method.name != "auto"
+        return self.method.name != "plain"
 
     @property
     def reads_draft_hidden(self) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from scipy.stats import binomtest, norm, sem
 
-COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_auto", "quality_vs_auto_low",
-           "quality_vs_auto_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
+COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_plain", "quality_vs_plain_low",
+           "quality_vs_plain_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
            "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high",
            "quality_vs_lossy", "quality_vs_lossy_low", "quality_vs_lossy_high", "tau",
            "tokens_per_s", "speedup", "new_tokens", "time_per_example", "time_per_example_low",
@@ -25,16 +25,16 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
 
     quality: mean reward with a 95% interval (Wilson's for 0/1 rewards, normal otherwise);
     acceptance_rate: accepted / drafted over all examples; tau: new tokens / target forwards;
-    tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over auto's; new_tokens: mean
+    tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over plain's; new_tokens: mean
     new tokens per example; time_per_example: mean wall time per example, in seconds, with a 95% normal
     interval (what a user waits for an answer: unlike tokens/s, it counts a method that writes longer answers
     as slower).
     Paired comparisons on the examples both methods ran, with 95% percentile-bootstrap intervals (resampling
-    examples, fixed seed): quality_vs_auto, the difference in mean reward from auto's; rejection_vs_exact,
+    examples, fixed seed): quality_vs_plain, the difference in mean reward from plain's; rejection_vs_exact,
     the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected);
     quality_vs_static, for a method off the static curve (DIVERSED, lossy, ...), its quality minus the static
     ensemble's at the same acceptance (static_curve_quality); quality_vs_lossy, the same against the lenience
-    curve (exact and the lossy:L that ran); time_speedup, auto's total wall time over the method's on the same
+    curve (exact and the lossy:L that ran); time_speedup, plain's total wall time over the method's on the same
     examples (speedup from time per example).
     """
     summaries = []
@@ -54,18 +54,18 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
             "tokens_per_s": new_tokens / sum(times),
             "new_tokens": new_tokens / len(mine), "time_per_example": sum(times) / len(times),
             **dict(zip(("time_per_example_low", "time_per_example_high"), _normal_interval(times), strict=True))})
-    auto = next((s for s in summaries if s["method"] == "auto"), None)
+    plain = next((s for s in summaries if s["method"] == "plain"), None)
     by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
     curve = [m for m in methods if _on_static_curve(m)]
     lenience = [m for m in methods if m == "exact" or m.startswith("lossy:")]
     for s in summaries:
-        s["speedup"] = s["tokens_per_s"] / auto["tokens_per_s"] if auto else None
+        s["speedup"] = s["tokens_per_s"] / plain["tokens_per_s"] if plain else None
         method = s["method"]
-        for key, others, statistic in (("quality_vs_auto", ["auto"], _quality_difference),
+        for key, others, statistic in (("quality_vs_plain", ["plain"], _quality_difference),
                                        ("rejection_vs_exact", ["exact"], _rejection_ratio),
                                        ("quality_vs_static", curve, _quality_above_static_curve),
                                        ("quality_vs_lossy", lenience, _quality_above_static_curve),
-                                       ("time_speedup", ["auto"], _time_speedup)):
+                                       ("time_speedup", ["plain"], _time_speedup)):
             compared = (_paired_bootstrap({m: by_method[m] for m in [method, *others]},
                                           partial(statistic, method, others))
                         if others and method not in others and set(others) <= by_method.keys() else None)
@@ -76,7 +76,7 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
 def quality_by_reference_agreement(rows: Sequence[dict], methods: Sequence[str],
                                    reference: Sequence[str]) -> list[dict]:
     """Where a method loses its quality: the examples grouped by how many of the reference methods (runs of
-    the target's own distribution, e.g. auto and exact) got reward 1 on them, from all down to none, and each
+    the target's own distribution, e.g. plain and exact) got reward 1 on them, from all down to none, and each
     method's mean reward in each group with a 95% interval (_interval), on the examples that every method and
     every reference ran. One dict per group: solved_by (k), examples, and {method: (mean, low, high) or None}.
     The references score 1 and 0 in the outer groups by construction, as they define them."""
@@ -99,7 +99,7 @@ def quality_by_reference_agreement(rows: Sequence[dict], methods: Sequence[str],
 
 def compare(rows: Sequence[dict], method: str, other: str) -> dict:
     """Two methods of an evaluation on the examples both finished, paired as summarize_results pairs each
-    method with auto and exact: `quality_difference` (method's mean reward minus other's) and `rejection_ratio`
+    method with plain and exact: `quality_difference` (method's mean reward minus other's) and `rejection_ratio`
     (method's rejection rate over other's), each (estimate, low, high) with its 95% percentile-bootstrap
     interval over examples (None where undefined), and each one's acceptance rate on those examples."""
     by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in (method, other)}
@@ -208,17 +208,17 @@ def _normal_interval(values: list[float]) -> tuple[float, float]:
 
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
     """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
-    lines = [f"| method | n | {metric} (95% CI) | vs auto (95% CI) | acceptance | rejection vs exact (95% CI) "
+    lines = [f"| method | n | {metric} (95% CI) | vs plain (95% CI) | acceptance | rejection vs exact (95% CI) "
              "| vs static curve (95% CI) | vs lenience curve (95% CI) | tau | tokens/s | speedup | mean tokens "
              "| s/example (95% CI) | speedup by time (95% CI) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        vs_auto, vs_static, vs_lossy = (format_difference(_paired(s, key)) for key in
-                                        ("quality_vs_auto", "quality_vs_static", "quality_vs_lossy"))
+        vs_plain, vs_static, vs_lossy = (format_difference(_paired(s, key)) for key in
+                                        ("quality_vs_plain", "quality_vs_static", "quality_vs_lossy"))
         vs_exact = format_ratio(_paired(s, "rejection_vs_exact"))
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
-            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_auto} | "
+            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_plain} | "
             f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {vs_lossy} | {_number(s['tau'])} | "
             f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} | "
             f"{s['time_per_example']:.1f} ({s['time_per_example_low']:.1f}-{s['time_per_example_high']:.1f}) | "
@@ -262,7 +262,7 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
     throughput_vs_acceptance.png.
 
     Each training-free family that ran (static, lossy, cactus, lossy-entropy) is drawn as a curve through its
-    points and exact, in order of acceptance; auto is a point, DIVERSED heads are stars and transformers'
+    points and exact, in order of acceptance; plain is a point, DIVERSED heads are stars and transformers'
     assisted generation crosses (its defaults a plus); quality has its 95% interval."""
     import matplotlib
 
@@ -385,7 +385,7 @@ def _style(method: str) -> tuple[str, str, int]:
         return ("P" if method == "hf-default" else "x"), "tab:gray", 9
     if method.partition(":")[0] in FAMILIES:
         return "o", FAMILIES[method.partition(":")[0]][1], 7
-    return {"auto": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
+    return {"plain": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
 
 
 def _labels(methods: list[str]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from diversed.folders import changed_settings, check_writable
 from diversed.generation import generate, load_head
 from diversed.head.names import head_folder
 from diversed.models.loading import Pair
-from diversed.request import DRAFTERS, DraftLength, Method, Sampling
+from diversed.request import DRAFTERS, RENAMED_METHODS, DraftLength, Method, Sampling
 from diversed.text import cut_at_stop, encode_prompt
 
 PEERS = ("hf-exact", "hf-static", "hf-default")
@@ -79,7 +79,7 @@ class EvalConfig:
 
 
 def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
-    """'auto,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order, each in its
+    """'plain,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order, each in its
     canonical spelling ('static:.70' -> 'static:0.7', 'diversed:x@+1.0' -> 'diversed:x@+1'), so that a resumed
     run or a report finds the rows whatever the spelling. heads: check that each diversed method's head is
     there (to run it; a report of its results needs none)."""
@@ -258,9 +258,9 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
                                temperature=config.temperature, draft_length=config.drafting,
                                max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
                                seed=seed, weight_fn=head,
-                               # The target alone (auto) drafts nothing: it is every prediction's baseline.
+                               # The target alone (plain) drafts nothing: it is every prediction's baseline.
                                prediction=[examples[i].metadata["original"] for i in indices]
-                               if config.prediction and label != "auto" else None)
+                               if config.prediction and label != "plain" else None)
         results = [(c.text, c.metrics) for c in completions]
     rows = []
     for index, (text, metrics) in zip(indices, results, strict=True):
@@ -321,7 +321,9 @@ def _parse_row(line: bytes) -> dict | None:
         row = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return row if isinstance(row, dict) and "example" in row and "method" in row else None
+    if not (isinstance(row, dict) and "example" in row and "method" in row):
+        return None
+    return {**row, "method": RENAMED_METHODS.get(row["method"], row["method"])}  # older runs' spellings
 
 
 def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:

@@ -86,7 +86,7 @@ def parse_verification(text: str) -> Method | None:
     try:
         method = Method.parse(text)
         if method.rule is None:
-            raise ValueError("'auto' (the target alone) verifies nothing; run vLLM without speculative_config")
+            raise ValueError("'plain' (the target alone) verifies nothing; run vLLM without speculative_config")
         if method.name == "dynamic":
             raise ValueError("'dynamic' takes its weights from a head: write 'diversed' or 'diversed:HEAD'")
         if method.name == "diversed":

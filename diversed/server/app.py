@@ -336,7 +336,7 @@ def _dial(server: Server) -> dict:
                 "max": None if allowed.high == math.inf else allowed.high, "min_open": allowed.low_open,
                 "max_open": allowed.high_open or allowed.high == math.inf, "range": allowed.text}
 
-    rules = [{"name": "auto", "summary": "the target alone: no drafts", "parameters": []}]
+    rules = [{"name": "plain", "summary": "the target alone: no drafts", "parameters": []}]
     rules += [{"name": spec.name, "summary": spec.summary, "parameters": [parameter(spec, p) for p in spec.parameters]}
               for spec in RULE_SPECS.values() if spec.name != "dynamic"]  # "dynamic" needs a head: "diversed"
     if server.heads:

@@ -10,6 +10,6 @@ common=(--task gsm8k --temperature 0.7 --batch-size 4 --draft-len 3)
 lossy=$(.venv/bin/python benchmarks/pick_points.py $here/calibration --family lossy --count 3)
 top=${lossy%%,*}
 cactus=$(.venv/bin/python benchmarks/pick_points.py $here/calibration --family cactus --near "$top")
-methods="auto,exact,$lossy,$cactus,lossy-entropy:${top#lossy:}"
+methods="plain,exact,$lossy,$cactus,lossy-entropy:${top#lossy:}"
 echo "test methods: $methods"
 .venv/bin/diversed eval "${common[@]}" --limit 150 --resume --out $here --methods "$methods"
