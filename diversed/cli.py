@@ -71,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="stop after this step (checkpoint and head written); --resume continues the run later")
     train.add_argument("--lambda", dest="lam", type=float, default=TrainConfig.lam,
                        help="weight of the acceptance reward: the speed/quality dial")
-    for name, kind in (("temperature", float), ("draft_len", int), ("max_new_tokens", int), ("lr", float),
+    for name, kind in (("temperature", float), ("draft_length", int), ("max_new_tokens", int), ("lr", float),
                        ("epochs", int), ("prompts_per_step", int), ("samples_per_prompt", int), ("limit", int),
                        ("checkpoint_every", int), ("initial_weight", float), ("seed", int), ("ppo_epochs", int),
                        ("minibatches", int), ("clip", float), ("max_lenience", float), ("initial_lenience", float)):
         train.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(TrainConfig, name))
+    _old_spelling(train, "--draft-len", "--draft-length", type=int)
     train.add_argument("--kind", choices=KINDS, default=TrainConfig.kind,
                        help="what the head sets per drafted token: mixture (the paper's weight w, rule dynamic), "
                             "lenience (rule lossy's L, below --max-lenience, from the target and the draft "
@@ -99,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
     ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
     ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--draft-len", type=int, default=5,
+    _old_spelling(ev, "--draft-len", "--draft-length", type=int)
+    ev.add_argument("--draft-length", type=int, default=5,
                     help="drafted tokens per round (default 5; hf-exact drafts as many)")
     ev.add_argument("--draft-confidence", type=float, default=0.0,
                     help="stop drafting below this draft probability (default 0: a constant draft length, so that "
                          "acceptance rates compare across methods)")
     ev.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
-                    help="constant (default), heuristic, or auto (the speed model; --draft-len is then the longest)")
+                    help="constant (default), heuristic, or auto (the speed model; --draft-length is then the longest)")
     ev.add_argument("--drafter", choices=DRAFTERS, default="model",
                     help="what drafts: model (default, the draft model), lookup, suffix or auto (see generate)")
     ev.add_argument("--prediction", action="store_true",
@@ -175,7 +177,7 @@ def _one_line(error: BaseException | str) -> str:
 
 def _flag(field: str) -> str:
     """The option that sets a request's field (diversed.request's names) on the command line."""
-    return {"prompt": "prompt", "draft_length": "--draft-len"}.get(field, "--" + field.replace("_", "-"))
+    return {"prompt": "prompt", "draft_length": "--draft-length"}.get(field, "--" + field.replace("_", "-"))
 
 
 def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
@@ -184,13 +186,32 @@ def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
                              "limits (otherwise code tasks refuse)")
 
 
+class _OldSpelling(argparse.Action):
+    """An option's spelling before it was renamed: it works for one release more, with a warning."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs) -> None:
+        # No default of its own: the new spelling's stands unless the old one is given.
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: warning: {option_string} is now {self.new}; {option_string} stops working in the "
+              "next release", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _old_spelling(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+    parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=_OldSpelling, new=new, **kwargs)
+
+
 def _add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", choices=DRAFTERS, default="auto",
                         help="what drafts: auto (default: each round the fastest of copying text, the draft model, "
                              "or none), model (the draft model), lookup (prompt lookup in the row's own text), "
                              "suffix (a suffix cache over the text and earlier outputs)")
-    parser.add_argument("--draft-len", type=int,
+    parser.add_argument("--draft-length", type=int,
                         help="drafted tokens per round N (the first round's N of the other schedules)")
+    _old_spelling(parser, "--draft-len", "--draft-length", type=int)
     parser.add_argument("--draft-schedule", choices=SCHEDULES,
                         help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
                              "round the N, 0 = the target alone, that the speed model predicts fastest, from "
@@ -309,12 +330,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _drafting(args: argparse.Namespace, default: DraftLength) -> DraftLength:
-    """The backend's default drafting with what the user set of it replaced (--draft-len alone: the constant
+    """The backend's default drafting with what the user set of it replaced (--draft-length alone: the constant
     schedule, up to N a round: the confidence cut-off stays unless --draft-confidence changes it)."""
-    schedule = args.draft_schedule or ("constant" if args.draft_len is not None else default.schedule)
+    schedule = args.draft_schedule or ("constant" if args.draft_length is not None else default.schedule)
     if schedule != default.schedule:
         default = DraftLength(DraftLength.initial, schedule, confidence=default.confidence)
-    return DraftLength(default.initial if args.draft_len is None else args.draft_len, schedule, default.maximum,
+    return DraftLength(default.initial if args.draft_length is None else args.draft_length, schedule, default.maximum,
                        default.confidence if args.draft_confidence is None else args.draft_confidence)
 
 
@@ -347,7 +368,7 @@ def _eval(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     task = get_task(args.task)
     # Built before the models load, so that a bad setting is refused at once; the names come after.
-    config = EvalConfig(args.task, temperature=args.temperature, draft_len=args.draft_len,
+    config = EvalConfig(args.task, temperature=args.temperature, draft_length=args.draft_length,
                         draft_confidence=args.draft_confidence, draft_schedule=args.draft_schedule,
                         drafter=args.drafter,
                         max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,

@@ -15,6 +15,15 @@ def check_writable(out_dir: Path, what: str) -> None:
             return
 
 
+# Settings renamed since runs were saved: a saved run's old name reads as the new one.
+RENAMED_SETTINGS = {"draft_len": "draft_length"}
+
+
+def saved_settings(saved: dict) -> dict:
+    """A saved run's settings under today's names (RENAMED_SETTINGS)."""
+    return {RENAMED_SETTINGS.get(name, name): value for name, value in saved.items()}
+
+
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """The names of the settings whose values differ between a saved run's and this call's, sorted."""
     return sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))

@@ -10,7 +10,7 @@ from diversed.evaluation.run import EvalConfig, evaluate
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
 
 METHODS = ["plain", "exact", "static:0.5", "static:0.2"]
-CONFIG = EvalConfig("toy", temperature=1.0, draft_len=3, max_new_tokens=10, seed=3)
+CONFIG = EvalConfig("toy", temperature=1.0, draft_length=3, max_new_tokens=10, seed=3)
 
 
 def main(out_dir: str) -> None:

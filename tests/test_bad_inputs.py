@@ -91,7 +91,7 @@ GENERATE = [
                                              ("abc", "invalid float"), ("1e999", "temperature"))],
     *[(["--top-k", v], m) for v, m in (("-1", "--top-k"), ("abc", "invalid int"), ("1.5", "invalid int"))],
     *[(["--top-p", v], "--top-p") for v in ("0", "-0.5", "1.5", "nan", "inf")],
-    *[(["--draft-len", v], m) for v, m in (("0", "--draft-len"), ("-3", "--draft-len"), ("x", "invalid int"))],
+    *[(["--draft-length", v], m) for v, m in (("0", "--draft-length"), ("-3", "--draft-length"), ("x", "invalid int"))],
     *[(["--draft-confidence", v], "confidence") for v in ("1", "1.5", "-0.1", "nan", "inf")],
     *[(["--max-new-tokens", v], m) for v, m in (("0", "--max-new-tokens"), ("-5", "--max-new-tokens"),
                                                 ("2.5", "invalid int"))],
@@ -116,7 +116,7 @@ GENERATE = [
     *[(["--method", m], e) for m, e in (
         ("cactus:-1", "delta"), ("judi:-0.1", "epsilon"), ("lossy-entropy:1", "lenience"))],
     (["--draft-schedule", "banana"], "invalid choice"),
-    (["--draft-schedule", "auto", "--draft-len", "40"], "--draft-len"),
+    (["--draft-schedule", "auto", "--draft-length", "40"], "--draft-length"),
     (["--dtype", "banana"], "invalid choice"),
     (["--backend", "banana"], "invalid choice"),
     (["--device", "banana"], "is not a device"),
@@ -202,7 +202,7 @@ LATE = [
     (["--draft", "{short.gguf}", "--target", "{gguf}"], "cannot"),
     (["--draft", "{text.gguf}", "--target", "{gguf}"], "cannot"),
     (["--draft", "{draft}", "--target", "{target}", "--max-new-tokens", "100000"], "context"),
-    (["--draft", "{draft}", "--target", "{target}", "--draft-len", "1000000"], "context"),
+    (["--draft", "{draft}", "--target", "{target}", "--draft-length", "1000000"], "context"),
     (["--draft", "{draft}", "--target", "{target}", "--method", "diversed", "--head", "{missing}"],
      "no head checkpoint"),
     (["--draft", "{draft}", "--target", "{target}", "--method", "diversed", "--head", "{head}"], "corrupt head"),
@@ -226,7 +226,7 @@ EVAL = [
     *[(["--limit", v], m) for v, m in (("0", "limit"), ("-1", "limit"), ("x", "invalid int"))],
     *[(["--max-new-tokens", v], "max_new_tokens") for v in ("0", "-1")],
     *[(["--temperature", v], "temperature") for v in ("-1", "nan", "inf")],
-    (["--draft-len", "0"], "--draft-len"),
+    (["--draft-length", "0"], "--draft-length"),
     (["--draft-confidence", "1"], "confidence"),
     (["--seed", "-1"], "seed"),
     (["--split", "banana"], "split"),
@@ -265,7 +265,7 @@ TRAIN = [
     *[([flag, "0"], name) for flag, name in (("--ppo-epochs", "ppo_epochs"), ("--minibatches", "minibatches"),
                                             ("--prompts-per-step", "prompts_per_step"), ("--epochs", "epochs"),
                                             ("--checkpoint-every", "checkpoint_every"),
-                                            ("--max-new-tokens", "max_new_tokens"), ("--draft-len", "draft_len"),
+                                            ("--max-new-tokens", "max_new_tokens"), ("--draft-length", "draft_length"),
                                             ("--limit", "limit"))],
     (["--samples-per-prompt", "1"], "samples_per_prompt"),
     (["--minibatches", "100"], "minibatches"),
@@ -394,7 +394,7 @@ SERVE = [
     (["--max-batch", "0"], "max_batch"),
     (["--max-waiting", "-1"], "max_waiting"),
     (["--max-tokens", "0"], "max_tokens"),
-    (["--draft-len", "0"], "--draft-len"),
+    (["--draft-length", "0"], "--draft-length"),
 ]
 
 

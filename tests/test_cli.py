@@ -57,6 +57,13 @@ def test_generate_json_with_provenance_has_a_record_per_token(models, capsys):
     assert "".join(r["token"] for r in line["provenance"]) == line["text"]
 
 
+def test_the_old_spelling_of_draft_length_works_with_a_warning(models, capsys):
+    code, out, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
+                          "--draft-len", "2", "--max-new-tokens", "4", "--no-chat", "t3"], capsys)
+    assert code == 0 and json.loads(out)["new_tokens"] == 4
+    assert "--draft-len is now --draft-length" in err
+
+
 def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
               "0", "--max-new-tokens", "12", "--stop", "t7", "t3 t4", "t5 t6"]
@@ -96,7 +103,7 @@ def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     (["--method", "static"], "needs weight"),
     (["--method", "static:1.5"], "weight must be in"),
     (["--temperature", "-1"], "temperature"),
-    (["--draft-len", "0"], "--draft-len"),
+    (["--draft-length", "0"], "--draft-length"),
     (["--method", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
     (["--prediction", "/nonexistent"], "--prediction '/nonexistent': no such file"),
     (["--prediction", __file__, "--drafter", "lookup"], "a --prediction is drafted from by drafter 'auto'"),

@@ -1,5 +1,6 @@
 """`diversed eval` on tiny models: resume, data parallelism, summaries recomputed from the results, plots."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -205,7 +206,7 @@ def test_resume_inside_a_batch_reruns_the_group_with_its_seed(pair, task, tmp_pa
     assert sorted(map(json.dumps, map(without_timing, rows(cut)))) == sorted(map(json.dumps, map(without_timing, full)))
 
 
-SMALL = EvalConfig("small", temperature=0.0, draft_len=3, max_new_tokens=6, limit=1)
+SMALL = EvalConfig("small", temperature=0.0, draft_length=3, max_new_tokens=6, limit=1)
 REFUSED = {  # what is wrong: (methods, settings, the error's words)
     "a method twice": ("exact,exact", {}, "twice"),
     "a head that is not there": ("diversed:{tmp}/no-head", {}, "no head checkpoint"),
@@ -214,7 +215,7 @@ REFUSED = {  # what is wrong: (methods, settings, the error's words)
     "negative temperature": ("exact", {"temperature": -1.0}, "temperature"),
     "NaN temperature": ("exact", {"temperature": float("nan")}, "temperature"),
     "infinite temperature": ("exact", {"temperature": float("inf")}, "finite"),
-    "draft length 0": ("exact", {"draft_len": 0}, "draft_length"),
+    "draft length 0": ("exact", {"draft_length": 0}, "draft_length"),
     "draft confidence 1": ("exact", {"draft_confidence": 1.0}, "confidence"),
     "a split the task does not have": ("exact", {"split": "tset"}, "no examples in split 'tset'"),
     "a prediction the task cannot give": ("exact", {"prediction": True, "drafter": "auto"}, "no input text"),
@@ -347,9 +348,9 @@ def test_the_peer_stops_at_stop_strings_as_ours_does(pair):
     from diversed.request import Sampling
 
     prompt = pair.tokenizer.encode("t3 t9 t15")
-    free, _ = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12)
+    free, _ = assisted_generate(pair, prompt, Sampling(0), draft_length=3, max_new_tokens=12)
     stop = pair.tokenizer.decode(free[2:3])
-    cut, stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12, stop=[stop])
+    cut, stats = assisted_generate(pair, prompt, Sampling(0), draft_length=3, max_new_tokens=12, stop=[stop])
     assert len(free) == 12 and stop in pair.tokenizer.decode(cut)
     assert cut == free[:len(cut)] and len(cut) < len(free) and stats.new_tokens == len(cut)
 
@@ -366,8 +367,9 @@ def test_the_peer_writes_the_targets_greedy_text_and_its_ensemble_weight_acts(pa
     ids = torch.tensor([prompt])
     alone = pair.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
                                        eos_token_id=pair.eos_token_ids, pad_token_id=pair.tokenizer.pad_token_id)
-    exact, exact_stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12)
-    lenient, lenient_stats = assisted_generate(pair, prompt, Sampling(0), draft_len=3, max_new_tokens=12, weight=0.05)
+    exact, exact_stats = assisted_generate(pair, prompt, Sampling(0), draft_length=3, max_new_tokens=12)
+    lenient, lenient_stats = assisted_generate(pair, prompt, Sampling(0), draft_length=3, max_new_tokens=12,
+                                               weight=0.05)
     assert exact == alone[0, len(prompt):].tolist() and len(exact) == 12
     assert exact_stats.accepted < lenient_stats.accepted <= lenient_stats.drafted
     assert share_of_draft_tokens(pair.tokenizer.decode(lenient)) > share_of_draft_tokens(pair.tokenizer.decode(exact))
@@ -560,3 +562,12 @@ def test_the_old_name_of_plain_decoding_still_works_for_a_release(tmp_path):
         assert parse_methods("auto,exact") == ["plain", "exact"]
     (tmp_path / "results.jsonl").write_text(json.dumps({"example": "a", "method": "auto", "reward": 1}) + "\n")
     assert [r["method"] for r in load_done_rows(tmp_path / "results.jsonl")] == ["plain"]
+
+
+def test_a_run_saved_with_the_old_name_of_draft_length_resumes(tmp_path):
+    saved = {**dataclasses.asdict(SMALL), "draft_len": SMALL.draft_length}
+    del saved["draft_length"]
+    (tmp_path / run.CONFIG_FILE).write_text(json.dumps(saved))
+    run._check_resumable(tmp_path, SMALL, resume=True)  # the same settings under today's names
+    with pytest.raises(ValueError, match="draft_length"):
+        run._check_resumable(tmp_path, replace(SMALL, draft_length=4), resume=True)

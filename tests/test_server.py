@@ -486,7 +486,7 @@ def test_sigterm_drains_running_requests_then_exits(tmp_path):
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "diversed.cli", "serve", "--backend", "transformers", "--draft", paths["draft"],
-         "--target", paths["target"], "--port", str(port), "--draft-len", "3", "--dtype", "float32"],
+         "--target", paths["target"], "--port", str(port), "--draft-length", "3", "--dtype", "float32"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = f"http://127.0.0.1:{port}"

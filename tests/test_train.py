@@ -30,7 +30,7 @@ DRAFT_LOVER = ToyTask(share_of_draft_tokens)
 
 
 def config(**changes) -> TrainConfig:
-    base = dict(lam=0.0, temperature=1.0, draft_len=3, max_new_tokens=12, lr=0.05, epochs=3,
+    base = dict(lam=0.0, temperature=1.0, draft_length=3, max_new_tokens=12, lr=0.05, epochs=3,
                 prompts_per_step=2, samples_per_prompt=4, checkpoint_every=2, ppo_epochs=2, minibatches=2)
     return TrainConfig(**{**base, **changes})
 

@@ -21,12 +21,12 @@ from diversed.text import stop_checker
 
 
 @torch.inference_mode()
-def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, draft_len: int | None,
+def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, draft_length: int | None,
                       weight: float | None = None, max_new_tokens: int = 128, stop: Sequence[str] = (),
                       seed: int = 0) -> tuple[list[int], SequenceStats]:
     """Generate with transformers' assisted generation; return the new tokens and their statistics.
 
-    draft_len None keeps transformers' defaults (20 drafts, a confidence cut-off of 0.4); a number fixes
+    draft_length None keeps transformers' defaults (20 drafts, a confidence cut-off of 0.4); a number fixes
     the draft length and turns the cut-off off. weight in (0, 1) is its static ensemble
     (assistant_ensemble_weight, w on the target); None is lossless. stop: strings that end the generation,
     checked as ours checks them (transformers' own stop_strings cannot read every tokenizer).
@@ -48,9 +48,9 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     assistant_config = draft.generation_config
     draft.generation_config = copy.deepcopy(assistant_config)
     drafting = draft.generation_config
-    drafting.num_assistant_tokens = defaults.num_assistant_tokens if draft_len is None else draft_len
+    drafting.num_assistant_tokens = defaults.num_assistant_tokens if draft_length is None else draft_length
     drafting.num_assistant_tokens_schedule = defaults.num_assistant_tokens_schedule
-    drafting.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_len is None else 0.0
+    drafting.assistant_confidence_threshold = defaults.assistant_confidence_threshold if draft_length is None else 0.0
     calls = {"target": 0, "draft": 0}
 
     def counter(role: str):

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
-from diversed.folders import changed_settings, check_writable
+from diversed.folders import changed_settings, check_writable, saved_settings
 from diversed.generation import generate, load_head
 from diversed.head.names import head_folder
 from diversed.models.loading import Pair
@@ -38,7 +38,7 @@ class EvalConfig:
 
     task: str
     temperature: float = 1.0
-    draft_len: int = 5
+    draft_length: int = 5
     draft_confidence: float = 0.0  # a sequence stops drafting once a draft's probability is below this
     draft_schedule: str = "constant"  # or "heuristic", "auto" (diversed.decoding.schedule)
     drafter: str = "model"  # diversed.decoding.drafters.DRAFTERS
@@ -58,7 +58,7 @@ class EvalConfig:
         Sampling(self.temperature)  # its own checks: >= 0, not NaN
         if not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be finite, got {self.temperature}")
-        _ = self.drafting  # DraftLength checks draft_len, draft_schedule and draft_confidence
+        _ = self.drafting  # DraftLength checks draft_length, draft_schedule and draft_confidence
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
         if self.max_new_tokens < 1:
@@ -74,8 +74,8 @@ class EvalConfig:
 
     @property
     def drafting(self) -> DraftLength:
-        longest = self.draft_len if self.draft_schedule == "auto" else DraftLength.maximum  # auto: up to draft_len
-        return DraftLength(self.draft_len, self.draft_schedule, longest, self.draft_confidence)
+        longest = self.draft_length if self.draft_schedule == "auto" else DraftLength.maximum  # auto: up to it
+        return DraftLength(self.draft_length, self.draft_schedule, longest, self.draft_confidence)
 
 
 def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
@@ -196,7 +196,7 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
     if not (out_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"no evaluation in {out_dir}: {CONFIG_FILE} is missing")
     check_writable(to, "the report")
-    config = EvalConfig(**json.loads((out_dir / CONFIG_FILE).read_text()))
+    config = EvalConfig(**saved_settings(json.loads((out_dir / CONFIG_FILE).read_text())))
     rows = _unique([r for path in _result_files(out_dir) for r in load_done_rows(path)])
     present = list(dict.fromkeys(r["method"] for r in rows))
     if methods is not None:
@@ -247,7 +247,7 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
         for offset, index in enumerate(indices):
             prompt = encode_prompt(pair.tokenizer, examples[index].prompt_for(pair.tokenizer.chat_template is not None))
             tokens, stats = assisted_generate(pair, prompt, Sampling(config.temperature),
-                                              draft_len=None if name == "hf-default" else config.draft_len,
+                                              draft_length=None if name == "hf-default" else config.draft_length,
                                               weight=float(value) if value else None,
                                               max_new_tokens=config.max_new_tokens, stop=task.stop, seed=seed + offset)
             text = cut_at_stop(pair.tokenizer.decode(tokens, skip_special_tokens=True), task.stop)
@@ -277,7 +277,7 @@ def _check_resumable(out_dir: Path, config: EvalConfig, resume: bool) -> None:
         return
     if not resume:
         raise ValueError(f"{out_dir} already holds an evaluation: pass --resume to continue it")
-    saved = asdict(EvalConfig(**json.loads(path.read_text())))  # settings added since it was saved: defaults
+    saved = asdict(EvalConfig(**saved_settings(json.loads(path.read_text()))))  # added since: defaults
     if changed := changed_settings(saved, asdict(config)):
         raise ValueError(f"cannot resume {out_dir} with a different setting: {', '.join(changed)}")
 

@@ -30,7 +30,7 @@ class TrainConfig:
 
     lam: float = 0.3
     temperature: float = 1.0
-    draft_len: int = 5
+    draft_length: int = 5
     max_new_tokens: int = 128
     lr: float = 5e-4
     weight_decay: float = 0.01
@@ -71,7 +71,7 @@ class TrainConfig:
                              f"and {self.max_lenience}")
         if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
-        for name in ("draft_len", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
+        for name in ("draft_length", "max_new_tokens", "epochs", "prompts_per_step", "checkpoint_every", "ppo_epochs",
                      "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -41,7 +41,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from diversed.decoding.engine import Round, decode
-from diversed.folders import changed_settings, check_writable
+from diversed.folders import changed_settings, check_writable, saved_settings
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig, build, token_features
 from diversed.head.names import CONFIG_FILE, head_folder
@@ -197,7 +197,7 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     # A constant draft length: every round is speculative, so the traces cover every token.
     traces = [Trace() for _ in batch]
     generation = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
-                        draft_length=DraftLength(config.draft_len), max_new_tokens=config.max_new_tokens,
+                        draft_length=DraftLength(config.draft_length), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
                         on_round=lambda i, result, row, count: traces[i].add(result, row, count))
@@ -283,7 +283,8 @@ def check_run_folder(out_dir: str | Path, config: TrainConfig, resume: bool) -> 
     if folder is None:
         raise FileNotFoundError(f"nothing to resume in {out_dir}: no checkpoint")
     # A run saved before a setting existed ran with its default.
-    saved = {f.name: f.default for f in fields(TrainConfig)} | json.loads((folder / STATE_FILE).read_text())["config"]
+    saved = {f.name: f.default for f in fields(TrainConfig)} | saved_settings(
+        json.loads((folder / STATE_FILE).read_text())["config"])
     if changed := changed_settings(saved, asdict(config)):
         raise ValueError(f"cannot resume {out_dir} with a different config (changed: {', '.join(changed)})")
 

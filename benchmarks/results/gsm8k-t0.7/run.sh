@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 here=benchmarks/results/gsm8k-t0.7
-common=(--task gsm8k --temperature 0.7 --batch-size 4 --draft-len 3)
+common=(--task gsm8k --temperature 0.7 --batch-size 4 --draft-length 3)
 .venv/bin/diversed eval "${common[@]}" --split train --limit 12 --resume --out $here/calibration \
     --methods exact,lossy:0.5,lossy:0.8,lossy:0.95,lossy:0.99,cactus:0.1,cactus:0.3,cactus:1,lossy-entropy:0.99
 lossy=$(.venv/bin/python benchmarks/pick_points.py $here/calibration --family lossy --count 3)
