@@ -150,7 +150,7 @@ class Verification:
 def verify(
     rule: str,
     draft_tokens: Tensor,
-    draft_probs: Tensor,
+    draft_probs: Tensor | None,
     target_probs: Tensor,
     *,
     weight: float | Tensor | None = None,
@@ -169,8 +169,9 @@ def verify(
     Args:
         rule: one of RULES.
         draft_tokens: long [B, N], the drafted tokens (x_i ~ q_i, or argmax q_i in greedy mode).
-        draft_probs: [B, N, V], q_i, already tempered / top-k / top-p filtered; a one-hot row for a draft copied
-            from text (a point mass: no draft distribution).
+        draft_probs: [B, N, V], q_i, already tempered / top-k / top-p filtered; None for drafts copied from text
+            (point masses, as their one-hot rows would be: built only for a rule whose target reads q over the
+            vocabulary; exact, lossy, lossy-entropy, cactus and typical never build them).
         target_probs: [B, N+1, V], p_i, processed the same way.
         weight: w, the weight on the target: a float in [0, 1] for "static", a [B, N] tensor for "dynamic".
         lenience: l in [0, 1) for "lossy" and "lossy-entropy"; for "lossy" also a [B, N] tensor, one l per
@@ -197,11 +198,14 @@ def verify(
         _check_inputs(rule, draft_tokens, draft_probs, target_probs, given)
     spec = RULES[rule]
     params = {**spec.defaults, **{k: v for k, v in given.items() if k in spec.parameters and v is not None}}
-    q = draft_probs.float()
     p = target_probs.float()
     n = draft_tokens.shape[1]
     if rule == "typical":
         return _typical(draft_tokens, p, greedy, generator, **params)
+    if draft_probs is not None:
+        q = draft_probs.float()
+    else:  # point masses: built only for a rule whose target reads q (exact's, lossy's and cactus's do not)
+        q = None if spec.target is _p else point_masses(draft_tokens, p.shape[-1])
 
     pi = _target(spec, p[:, :n], q, draft_tokens, params)
     if greedy:
@@ -211,7 +215,7 @@ def verify(
         uniform = torch.zeros_like(accept_prob)
     else:
         pi_x = pi.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-        q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        q_x = torch.ones_like(pi_x) if q is None else q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
         if spec.relax is not None:
             q_x = spec.relax(p[:, :n], **params) * q_x
         accept_prob = ratio_test(pi_x, q_x)
@@ -228,26 +232,36 @@ def verify(
         next_token = torch.where(all_kept, p[:, n].argmax(-1), correction)
     else:
         corrected = p[:, :n] if spec.correct_from_p else pi
-        residual = _residual(corrected[rows, stopped], q[rows, stopped])
+        q_stopped = point_masses(draft_tokens[rows, stopped], p.shape[-1]) if q is None else q[rows, stopped]
+        residual = _residual(corrected[rows, stopped], q_stopped)
         next_dist = torch.where(all_kept.unsqueeze(-1), p[:, n], residual)
         next_token = draw(next_dist, generator)
     return Verification(num_accepted, next_token, accepted, accept_prob, uniform)
 
 
-def exact_acceptance(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor, greedy: bool) -> Tensor:
-    """The probability [B, N] that each draft passes exact's test: min(1, p(x) / q(x)), or in greedy mode 1 where
-    x is argmax p and 0 elsewhere. Compared with a Verification's `uniform`, it says whether exact would have
-    kept a draft on the draw that decided it (uniform < it)."""
+def exact_acceptance(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, greedy: bool
+                     ) -> Tensor:
+    """The probability [B, N] that each draft passes exact's test: min(1, p(x) / q(x)) (q None: point masses,
+    q(x) = 1), or in greedy mode 1 where x is argmax p and 0 elsewhere. Compared with a Verification's
+    `uniform`, it says whether exact would have kept a draft on the draw that decided it (uniform < it)."""
     n = draft_tokens.shape[1]
     p = target_probs[:, :n].float()
     if greedy:
         return (draft_tokens == p.argmax(-1)).float()
     index = draft_tokens.unsqueeze(-1)
-    return ratio_test(p.gather(-1, index).squeeze(-1), draft_probs.float().gather(-1, index).squeeze(-1))
+    p_x = p.gather(-1, index).squeeze(-1)
+    return ratio_test(p_x, torch.ones_like(p_x) if draft_probs is None else
+                      draft_probs.float().gather(-1, index).squeeze(-1))
 
 
-def _target(spec: Rule, p: Tensor, q: Tensor, draft: Tensor | None, params: dict) -> Tensor:
-    """The rule's pi at each drafted position, p, q [..., V], draft long [...]."""
+def point_masses(tokens: Tensor, vocab: int) -> Tensor:
+    """The one-hot distributions [..., V] of drafts copied from text, tokens [...]."""
+    return F.one_hot(tokens, vocab).float()
+
+
+def _target(spec: Rule, p: Tensor, q: Tensor | None, draft: Tensor | None, params: dict) -> Tensor:
+    """The rule's pi at each drafted position, p, q [..., V] (None only for a target that does not read it),
+    draft long [...]."""
     pi = spec.target(p, q, **params)
     if spec.raise_draft is None:
         return pi
@@ -308,7 +322,7 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
     return Verification(num_accepted, next_token, accepted, passed.float(), torch.full_like(h, math.nan))
 
 
-def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,
+def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
                   params: dict) -> None:
     if draft_tokens.dim() != 2 or draft_tokens.dtype != torch.long:
         raise ValueError(f"draft_tokens must be a long tensor [B, N], got {draft_tokens.dtype} "
@@ -316,9 +330,9 @@ def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_p
     b, n = draft_tokens.shape
     if n == 0:
         raise ValueError("draft_tokens has N = 0 drafted tokens: nothing to verify")
-    if draft_probs.dim() != 3 or tuple(draft_probs.shape[:2]) != (b, n):
+    if draft_probs is not None and (draft_probs.dim() != 3 or tuple(draft_probs.shape[:2]) != (b, n)):
         raise ValueError(f"draft_probs must be [B, N, V] = [{b}, {n}, V], got {tuple(draft_probs.shape)}")
-    v = draft_probs.shape[2]
+    v = target_probs.shape[-1] if draft_probs is None else draft_probs.shape[2]
     if tuple(target_probs.shape) != (b, n + 1, v):
         raise ValueError(f"target_probs must be [B, N+1, V] = [{b}, {n + 1}, {v}] (same vocabulary as "
                          f"draft_probs), got {tuple(target_probs.shape)}")
@@ -326,6 +340,8 @@ def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor, target_p
         raise ValueError(f"draft_tokens must be token ids in [0, {v}), got values in "
                          f"[{int(draft_tokens.min())}, {int(draft_tokens.max())}]")
     for name, probs in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if probs is None:
+            continue
         probs = probs.float()
         if not torch.isfinite(probs).all():
             raise ValueError(f"{name} contains NaN or infinite values")

@@ -140,7 +140,7 @@ def test_prediction_tokens_are_counted_as_openai_counts_them():
 def test_greedy_exact_with_a_prediction_writes_the_targets_text_and_drafts_from_it(models):
     """Predicting the target's own answer with a change inside: lossless, and most of it in a few passes."""
     target, draft = models
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=40)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=40)
     predictions = [t[:15] + [7, 7] + t[17:] for t in plain.tokens]
     for drafter, schedule in (("auto", DraftLength(2, "auto", maximum=32)), ("prediction", DraftLength(16))):
         out = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
@@ -162,7 +162,7 @@ def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted
 @pytest.mark.parametrize("schedule", [DraftLength(4), DraftLength(2, "auto", maximum=6)])
 def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(models, drafter, schedule):
     target, draft = models
-    plain = decode(target, PROMPTS, method=Method("auto"), sampling=GREEDY, max_new_tokens=30)
+    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=30)
     spec = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
                   draft_length=schedule, max_new_tokens=30)
     assert spec.tokens == plain.tokens
@@ -206,7 +206,7 @@ def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
     through the loop (only a mixture head is refused there)."""
     target, _ = models
     head = build(HeadConfig(8, 64, kind="lenience-target", initial_lenience=0.5))
-    plain = decode(target, PROMPTS[:2], method=Method("auto"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS[:2], method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
     out = decode(target, PROMPTS[:2], drafter=drafter, method=Method("diversed"), weight_fn=head, sampling=GREEDY,
                  draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
     assert all(s.drafted > 0 for s in out.stats)

@@ -16,6 +16,7 @@ from functools import cache
 
 import pytest
 import torch
+import torch.nn.functional as F
 from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
@@ -891,3 +892,20 @@ def test_every_rule_accepts_its_valid_parameters():
     verify("lossy", drafts, q, p, lenience=torch.full((_B, _N), 0.5))  # a lenience per drafted token too
     # float32 rounding in the row sums is tolerated
     verify("exact", drafts, q * (1 + 1e-5), p * (1 - 1e-5))
+
+
+@pytest.mark.parametrize("rule, parameters", [
+    ("exact", {}), ("lossy", {"lenience": 0.5}), ("lossy-entropy", {"lenience": 0.5}), ("cactus", {"delta": 0.3}),
+    ("static", {"weight": 0.4}), ("cascade-opt", {"alpha": 0.2}), ("judi", {"epsilon": 0.1}), ("typical", {})])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_copied_drafts_as_ids_decide_as_their_one_hot_rows_would(rule, parameters, greedy):
+    """draft_probs None (drafts copied from text) is the point masses: the same decisions, draws and tokens as
+    the one-hot rows, which the rules that never read q over the vocabulary no longer build."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(64, 5, 50, generator=g) * 2, -1)
+    drafts = torch.randint(50, (64, 4), generator=g)
+    out = [verify(rule, drafts, q, p, greedy=greedy, generator=torch.Generator().manual_seed(0), **parameters)
+           for q in (None, F.one_hot(drafts, 50).float())]
+    for field in ("num_accepted", "next_token", "accepted", "accept_prob", "uniform"):
+        assert torch.equal(getattr(out[0], field), getattr(out[1], field)) or (
+            field == "uniform" and bool(torch.isnan(out[0].uniform).all() and torch.isnan(out[1].uniform).all()))

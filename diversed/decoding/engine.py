@@ -411,7 +411,8 @@ def _origins(result: Round, row: int, kept: int, next_token: int, job: Job, draf
              ) -> list[TokenOrigin]:
     """How a row's new tokens of a speculative round were made (Job.provenance)."""
     length, verdict = int(result.lengths[row]), result.verdict
-    return round_origins(result.drafts[row, :length], result.q[row, :length], result.p[row, :length + 1],
+    q = None if result.q is None else result.q[row, :length]
+    return round_origins(result.drafts[row, :length], q, result.p[row, :length + 1],
                          verdict.accept_prob[row, :length], verdict.uniform[row, :length], next_token, kept,
                          job.policy.sampling.greedy, drafter, job.stats.target_forwards)
 
@@ -425,7 +426,7 @@ class Round:
     drafts: Tensor
     verdict: Verification
     lengths: Tensor
-    q: Tensor
+    q: Tensor | None  # None: drafts copied from text (point masses)
     p: Tensor
     h_draft: Tensor | None  # [B, n', d_draft]
     h_target: Tensor | None  # [B, n' + 1, d_target]
@@ -441,9 +442,7 @@ def speculative_round(target: Rows, pending: list[list[int]], proposal: Proposal
                                        n_round + 1, hidden=groups.hidden)
     with clock.phase("sampling"):
         p = groups.probs(logits)
-        drafts, q = proposal.tokens.to(p.device), proposal.q
-        if q is None:  # drafts copied from text: a point mass on each drafted token
-            q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
+        drafts, q = proposal.tokens.to(p.device), proposal.q  # q None: copied drafts, never made one-hot here
     out = groups.verify(drafts, q, p, proposal.lengths, proposal.hidden, h_target, clock)
     with clock.phase("cache"):
         target.truncate([b + len(t) + k for b, t, k in zip(before, pending, out.num_accepted.tolist(), strict=True)])

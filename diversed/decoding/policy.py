@@ -36,9 +36,10 @@ class LenienceFn(Protocol):
     """A head that sets rule "lossy"'s lenience per drafted token instead of a mixture weight
     (diversed.head.model.LenienceHead): lenience(drafts [B, N], q [B, N, V], p [B, N, V], target hidden
     [B, N, d_target], shift) -> L [B, N] in [0, 1), the method's dial already applied. It reads no draft
-    hidden state: q is one-hot where the drafts were copied."""
+    hidden state: q is None where the drafts were copied (point masses)."""
 
-    def lenience(self, drafts: Tensor, q: Tensor, p: Tensor, h_target: Tensor, shift: float | None) -> Tensor: ...
+    def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None
+                 ) -> Tensor: ...
 
 
 @dataclass(eq=False)
@@ -120,16 +121,17 @@ class Groups:
             lambda policy, rows: sample_tokens(policy.sampling, probs[rows], self.streams[id(policy)][stream]),
             lambda: probs.new_zeros(self.size, dtype=torch.long))
 
-    def verify(self, drafts: Tensor, q: Tensor, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
+    def verify(self, drafts: Tensor, q: Tensor | None, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
                h_target: Tensor | None, clock: PhaseClock) -> Verification:
-        """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] and
+        """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] (None:
+        copied drafts, point masses) and
         p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
         bonus token from p after them), in one call of the rule per draft length among a group's rows."""
         def one(policy: Policy, rows: slice | list[int]) -> Verification:
             rule, params = policy.method.rule or "exact", policy.method.verify_params()
             if rule == "dynamic":
                 with clock.phase("head"):
-                    rule, params = _head_parameters(policy, drafts[rows], q[rows], p[rows, :n],
+                    rule, params = _head_parameters(policy, drafts[rows], None if q is None else q[rows], p[rows, :n],
                                                     None if h_draft is None else h_draft[rows], h_target[rows, :n])
             generator = self.streams[id(policy)][1]
             with clock.phase("verify"):
@@ -144,7 +146,7 @@ class Groups:
                     if length == 0:  # the target alone: p's token after no drafts, whatever the rule
                         out.next_token[at] = sample_tokens(policy.sampling, p[rows][at, 0], generator)
                         continue
-                    part = verify(rule, drafts[rows][at, :length], q[rows][at, :length],
+                    part = verify(rule, drafts[rows][at, :length], None if q is None else q[rows][at, :length],
                                   p[rows][at, :length + 1], greedy=policy.sampling.greedy, generator=generator,
                                   validate=False, **{k: v[at, :length] if isinstance(v, Tensor) else v
                                                      for k, v in params.items()})
@@ -189,7 +191,7 @@ class Groups:
             return None
 
 
-def _head_parameters(policy: Policy, drafts: Tensor, q: Tensor, p: Tensor, h_draft: Tensor | None,
+def _head_parameters(policy: Policy, drafts: Tensor, q: Tensor | None, p: Tensor, h_draft: Tensor | None,
                      h_target: Tensor) -> tuple[str, dict]:
     """The rule and per-token parameter a head sets for its rows' drafts [B, N]: a lenience head's L for
     "lossy" (LenienceFn), else the weight function's w for "dynamic", each with the method's dial."""

@@ -56,19 +56,20 @@ def records(tokenizer, tokens: list[int], texts: list[str], origins: list[TokenO
     return out
 
 
-def round_origins(drafts: Tensor, q: Tensor, p: Tensor, accept_prob: Tensor, uniform: Tensor, next_token: int,
+def round_origins(drafts: Tensor, q: Tensor | None, p: Tensor, accept_prob: Tensor, uniform: Tensor, next_token: int,
                   kept: int, greedy: bool, drafter: str | None, round: int) -> list[TokenOrigin]:
-    """One row's new tokens of a speculative round: of its drafts [L] (with q [L, V], p [L + 1, V], and the
+    """One row's new tokens of a speculative round: of its drafts [L] (with q [L, V] or None for copied ones,
+    p [L + 1, V], and the
     verifier's accept_prob and uniform draws [L]) the first `kept`, then next_token."""
     length = len(drafts)
     if length == 0:
         return [target_origin(float(p[0, next_token]), round)]
     here = (round, length)
-    exact = exact_acceptance(drafts[None], q[None], p[None], greedy)[0].tolist()
+    exact = exact_acceptance(drafts[None], None if q is None else q[None], p[None], greedy)[0].tolist()
     x = drafts.tolist()
     positions = range(length)
     p_x = p[positions, x].tolist()
-    q_x = q[positions, x].tolist()
+    q_x = [1.0] * length if q is None else q[positions, x].tolist()
     rule, draws = accept_prob.tolist(), uniform.tolist()
     origins = [TokenOrigin("relaxed" if draws[i] >= exact[i] else "kept", *here, p_x[i], drafter, q_x[i], rule[i],
                            exact[i]) for i in range(kept)]

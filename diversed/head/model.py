@@ -175,9 +175,9 @@ class LenienceHead(EnsembleHead):
 
     rule = "lossy"
 
-    def lenience(self, drafts: Tensor, q: Tensor, p: Tensor, h_target: Tensor, shift: float | None = None
+    def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None = None
                  ) -> Tensor:
-        """L [B, N] in [0, max_lenience] for the drafts [B, N], from q [B, N, V] (one-hot for copied drafts;
+        """L [B, N] in [0, max_lenience] for the drafts [B, N], from q [B, N, V] (None for copied drafts;
         the target-only kind never reads it), p [B, N, V] and the target's hidden states [B, N, d_target];
         shift: the dial, +k stricter (the module docstring)."""
         z = self.logit(None, h_target, token_features(drafts, q, p))
@@ -189,12 +189,18 @@ def build(config: HeadConfig) -> EnsembleHead:
     return (EnsembleHead if config.kind == "mixture" else LenienceHead)(config)
 
 
-def token_features(drafts: Tensor, q: Tensor, p: Tensor) -> Tensor:
-    """FEATURES [..., 5] (float32) of each drafted token x, drafts [...], from q and p [..., V]."""
-    p, q = p.float(), q.float()
+def token_features(drafts: Tensor, q: Tensor | None, p: Tensor) -> Tensor:
+    """FEATURES [..., 5] (float32) of each drafted token x, drafts [...], from q and p [..., V]; q None for
+    copied drafts, point masses: q(x) = 1 and TV(q, p) = 1 - p(x)."""
+    p = p.float()
     x = drafts.unsqueeze(-1).to(p.device)
-    return torch.stack([p.gather(-1, x).squeeze(-1), p.amax(-1), entropy(p), q.gather(-1, x).squeeze(-1),
-                        total_variation(q, p)], dim=-1)
+    p_x = p.gather(-1, x).squeeze(-1)
+    if q is None:
+        q_x, tv = torch.ones_like(p_x), 1.0 - p_x
+    else:
+        q = q.float()
+        q_x, tv = q.gather(-1, x).squeeze(-1), total_variation(q, p)
+    return torch.stack([p_x, p.amax(-1), entropy(p), q_x, tv], dim=-1)
 
 
 def _normalize(h: Tensor) -> Tensor:

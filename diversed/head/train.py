@@ -50,7 +50,7 @@ from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_o
 from diversed.models.loading import Pair
 from diversed.request import DraftLength, Method, Sampling
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
-from diversed.verify import total_variation
+from diversed.verify import point_masses, total_variation
 
 
 class Task(Protocol):
@@ -164,7 +164,8 @@ class Trace:
         kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
         tokens = torch.cat([result.drafts[row, :kept], result.verdict.next_token[row:row + 1]])[:count]
         scored = min(count, drafted)  # a bonus token, if any, is the last
-        p, q = result.p[row, :count], result.q[row, :scored]
+        p = result.p[row, :count]
+        q = point_masses(result.drafts[row, :scored], p.shape[-1]) if result.q is None else result.q[row, :scored]
         p_y = p.gather(-1, tokens.to(p.device)[:, None]).squeeze(-1)
         q_y = torch.cat([q.gather(-1, tokens[:scored].to(q.device)[:, None]).squeeze(-1), p_y[scored:]])
         tv = torch.cat([total_variation(q, p[:scored]), p_y.new_zeros(count - scored)])
