@@ -48,7 +48,7 @@ from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, Sampling
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
-OURS = ("auto@-", "exact@1", "exact@2", "exact@3", "exact@default", "static:0.5@default", "diversed@default",
+OURS = ("plain@-", "exact@1", "exact@2", "exact@3", "exact@default", "static:0.5@default", "diversed@default",
         "exact@default@Q3_K_S", "diversed@default@Q3_K_S")
 
 
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--ours", nargs="+", default=list(OURS), help="method@drafting: N, auto:N, default or -")
     parser.add_argument("--speculative-simple", help="path of llama.cpp's llama-speculative-simple")
     parser.add_argument("--spec-n", type=int, nargs="+", default=[2, 3])
-    parser.add_argument("--transformers", nargs="*", default=["auto@-", "exact@default"])
+    parser.add_argument("--transformers", nargs="*", default=["plain@-", "exact@default"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 

@@ -26,6 +26,12 @@ def expected_tokens_per_round(acceptance: Sequence[float] | Tensor) -> float:
     return float(1.0 + a.cumprod(0).sum())
 
 
+def geometric_tau(a: float, n: int) -> float:
+    """expected_tokens_per_round([a] * n) in closed form, 1 + a + ... + a^n: the speed model weighs every N
+    each round, so it must be cheap."""
+    return n + 1.0 if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
+
 class SpeedModel:
     """The running speed model of one decoding call, for the "auto" schedule (docs/algorithm.md section 6).
 
@@ -55,6 +61,9 @@ class SpeedModel:
         # (written while it did not draft), and their seconds, decayed; a choice between drafters pays for it.
         self.catch_up_tokens = self.catch_up_seconds = 0.0
         self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
+        # v(k) of the widths weighed since a pass was last timed (_time clears it; whoever fills `width` from
+        # elsewhere, CostMemory, does so before anything is weighed)
+        self._verify_times: dict[int, float] = {}
         self.plain_rounds = 0  # rounds without the draft model since it last drafted
         self.draft_length = 0  # the draft model's next round (best_length after each round)
         self.probe_interval = probe_every  # plain rounds before the next probe
@@ -113,17 +122,22 @@ class SpeedModel:
         self.width = {w: stats for w, stats in self.width.items() if stats[0] >= STALE_WEIGHT}
         weight, total = self.width.get(k, (0.0, 0.0))
         self.width[k] = [weight + 1.0, total + seconds]
+        self._verify_times.clear()
 
     @property
     def acceptance(self) -> float:
         return self.kept / (self.kept + self.rejections)
 
     def verify_time(self, k: int) -> float:
-        """v(k): the measured mean time of passes over k tokens, else the line through the measured widths."""
-        if 1 in self.width and k > 1:  # a pass over k tokens costs at most k passes over one (its fixed part
-            # once): so a width timed while the machine was busy cannot keep drafting from being tried
-            return min(self._verify_time(k), k * self._verify_time(1))
-        return self._verify_time(k)
+        """v(k): the measured mean time of passes over k tokens, else the line through the measured widths
+        (kept until the next pass is timed: every N is weighed each round)."""
+        if k not in self._verify_times:
+            if 1 in self.width and k > 1:  # a pass over k tokens costs at most k passes over one (its fixed part
+                # once): so a width timed while the machine was busy cannot keep drafting from being tried
+                self._verify_times[k] = min(self._verify_time(k), k * self._verify_time(1))
+            else:
+                self._verify_times[k] = self._verify_time(k)
+        return self._verify_times[k]
 
     def _verify_time(self, k: int) -> float:
         if k in self.width:
@@ -146,7 +160,12 @@ class SpeedModel:
             return 1.0 / self.verify_time(1)
         step = self.draft_time / self.draft_steps
         a = self.acceptance if acceptance is None else acceptance
-        return expected_tokens_per_round([a] * n) / (overhead + n * step + self.verify_time(n + 1))
+        return geometric_tau(a, n) / (overhead + n * step + self.verify_time(n + 1))
+
+    def model_rate(self, n: int, behind: int) -> float:
+        """Predicted tokens per second of a round of n drafts by the draft model when its cache is `behind`
+        tokens behind the text: the catch-up comes first."""
+        return self.tokens_per_second(n, overhead=self.catch_up_time(behind))
 
     def best_length(self) -> int:
         """The draft length with the most predicted tokens per second (0: the target alone), but a probe

@@ -66,8 +66,7 @@ class AutoDrafter:
             # timed, it drafts where it is predicted fastest, paying for the tokens it has to catch up on
             # (those written while copying or the target alone wrote them).
             untimed = not speed.draft_steps
-            catch_up = 0.0 if untimed else speed.catch_up_time(self.model.behind)
             if (not width) if untimed else \
-                    speed.tokens_per_second(n_model, overhead=catch_up) >= max(copy_rate, speed.tokens_per_second(0)):
+                    speed.model_rate(n_model, self.model.behind) >= max(copy_rate, speed.tokens_per_second(0)):
                 return self.model.propose(model_caps, groups, clock, speed)
         return copied(best, names, speed) if width else None

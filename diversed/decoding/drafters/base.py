@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from diversed.decoding.schedule import expected_tokens_per_round
+from diversed.decoding.schedule import geometric_tau
 
 if TYPE_CHECKING:
     from diversed.backends import Model
@@ -117,7 +117,7 @@ class Candidate:
 
     def expected_tokens(self, n: int) -> float:
         """Tokens a round writes if the first n of these are drafted (geometric acceptance)."""
-        return expected_tokens_per_round([self.acceptance] * min(n, len(self.tokens)))
+        return geometric_tau(self.acceptance, min(n, len(self.tokens)))
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -50,6 +50,9 @@ class ModelDrafter:
             # A round that catches up times no draft step with its first forward: with none timed yet, it
             # drafts two, so that the second is.
             length = max(speed.draft_length, 2) if catch_up and not speed.draft_steps else speed.draft_length
+            if length and catch_up and speed.draft_steps and \
+                    speed.model_rate(length, behind) < speed.tokens_per_second(0):
+                return None  # catching up on what the target wrote alone would cost more than the drafts gain
             caps = [min(c, length) for c in caps]
         if max(caps, default=0) == 0:
             return None
