@@ -80,7 +80,7 @@ def decode(
     target, draft: backend models (diversed.backends) or transformers models. drafter: one of
     diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix"), or a Drafter; default: "model"
     with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share (default: a new
-    one). Method "auto" decodes with the target alone; every other method needs a drafter, and "diversed" a
+    one). Method "plain" decodes with the target alone; every other method needs a drafter, and "diversed" a
     weight_fn (the trained head) that turns both models' last hidden states into a weight per drafted
     position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a
     stop string, or at max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the
