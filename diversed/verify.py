@@ -1,4 +1,4 @@
-"""Verification rules for speculative decoding, as pure tensor functions.
+"""Verdict rules for speculative decoding, as pure tensor functions.
 
 A verifier sees a block of N drafted tokens, the draft's distributions q_1..q_N that produced them and the
 target's distributions p_1..p_{N+1} from one forward pass. It keeps a prefix of the drafts and emits one more
@@ -135,7 +135,7 @@ _PROB_TOLERANCE = 1e-3  # float32 softmaxes over 150k tokens sum to 1 within ~1e
 
 
 @dataclass(frozen=True)
-class Verification:
+class Verdict:
     """What a verifier decided for a batch of B drafted blocks of length N."""
 
     num_accepted: Tensor  # long [B], in 0..N: how many drafts are kept
@@ -163,7 +163,7 @@ def verify(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     validate: bool = True,
-) -> Verification:
+) -> Verdict:
     """Decide how many drafted tokens to keep and which token comes next, for a batch of blocks.
 
     Args:
@@ -190,7 +190,7 @@ def verify(
         validate: check shapes, ranges and that the probabilities are distributions (a few ms on large V).
 
     Returns:
-        A Verification. No Python loop over the batch: every sequence is decided at once.
+        A Verdict. No Python loop over the batch: every sequence is decided at once.
     """
     given = {"weight": weight, "lenience": lenience, "alpha": alpha, "epsilon": epsilon, "delta": delta,
              "entropy_threshold": entropy_threshold, "max_confidence": max_confidence}
@@ -236,13 +236,13 @@ def verify(
         residual = _residual(corrected[rows, stopped], q_stopped)
         next_dist = torch.where(all_kept.unsqueeze(-1), p[:, n], residual)
         next_token = draw(next_dist, generator)
-    return Verification(num_accepted, next_token, accepted, accept_prob, uniform)
+    return Verdict(num_accepted, next_token, accepted, accept_prob, uniform)
 
 
 def exact_acceptance(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, greedy: bool
                      ) -> Tensor:
     """The probability [B, N] that each draft passes exact's test: min(1, p(x) / q(x)) (q None: point masses,
-    q(x) = 1), or in greedy mode 1 where x is argmax p and 0 elsewhere. Compared with a Verification's
+    q(x) = 1), or in greedy mode 1 where x is argmax p and 0 elsewhere. Compared with a Verdict's
     `uniform`, it says whether exact would have kept a draft on the draw that decided it (uniform < it)."""
     n = draft_tokens.shape[1]
     p = target_probs[:, :n].float()
@@ -305,7 +305,7 @@ def _residual(pi: Tensor, q: Tensor) -> Tensor:
 
 
 def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Generator | None,
-             epsilon: float, delta: float) -> Verification:
+             epsilon: float, delta: float) -> Verdict:
     """Typical acceptance (Medusa): keep x_i iff p_i(x_i) > min(epsilon, delta * exp(-H(p_i)))."""
     n = draft_tokens.shape[1]
     p_draft = p[:, :n]
@@ -319,7 +319,7 @@ def _typical(draft_tokens: Tensor, p: Tensor, greedy: bool, generator: torch.Gen
         next_token = next_dist.argmax(-1)
     else:
         next_token = draw(next_dist, generator)
-    return Verification(num_accepted, next_token, accepted, passed.float(), torch.full_like(h, math.nan))
+    return Verdict(num_accepted, next_token, accepted, passed.float(), torch.full_like(h, math.nan))
 
 
 def _check_inputs(rule: str, draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,

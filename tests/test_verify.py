@@ -23,7 +23,7 @@ from torch import Tensor
 from diversed.request import TYPICAL_DELTA, TYPICAL_EPSILON
 from diversed.verify import (
     RULES,
-    Verification,
+    Verdict,
     total_variation,
     verify,
 )
@@ -67,7 +67,7 @@ def draw_drafts(q: Tensor, batch: int, generator: torch.Generator) -> Tensor:
 
 
 def run_rounds(rule: str, q: Tensor, p: Tensor, *, seed: int, batch: int = DRAWS, **params) -> tuple[Tensor,
-                                                                                                      Verification]:
+                                                                                                      Verdict]:
     """`batch` i.i.d. rounds of one (q [N, V], p [N+1, V]) pair in a single verify call.
 
     The big call skips input validation (on 200k expanded rows it costs as much as the sampling); the same
@@ -82,7 +82,7 @@ def run_rounds(rule: str, q: Tensor, p: Tensor, *, seed: int, batch: int = DRAWS
     return drafts, result
 
 
-def emitted_at(drafts: Tensor, result: Verification, position: int) -> tuple[Tensor, Tensor]:
+def emitted_at(drafts: Tensor, result: Verdict, position: int) -> tuple[Tensor, Tensor]:
     """The token emitted at drafted `position` (0-based) by the rows that got that far (num_accepted >=
     position): the draft if it was kept, else the correction. Returns (mask of those rows, their tokens)."""
     reached = result.num_accepted >= position
@@ -90,7 +90,7 @@ def emitted_at(drafts: Tensor, result: Verification, position: int) -> tuple[Ten
     return reached, torch.where(kept, drafts[:, position], result.next_token)[reached]
 
 
-def first_token(drafts: Tensor, result: Verification) -> Tensor:
+def first_token(drafts: Tensor, result: Verdict) -> Tensor:
     return torch.where(result.num_accepted > 0, drafts[:, 0], result.next_token)
 
 
@@ -251,7 +251,7 @@ def _case_id(case: Case) -> str:
 
 
 @cache
-def _single_position_run(case: Case) -> tuple[Tensor, Tensor, Tensor, Verification]:
+def _single_position_run(case: Case) -> tuple[Tensor, Tensor, Tensor, Verdict]:
     """Verified once, shared by the distribution and the acceptance tests of that case."""
     q, p = _pair(case.pair)
     seed = SINGLE_POSITION_CASES.index(case) + 1000
@@ -408,11 +408,11 @@ def _mixed_batch(batch: int = 20_000, n: int = 4, vocab: int = 32, seed: int = 4
     return drafts, q, p
 
 
-def _same_seed(rule: str, drafts, q, p, **params) -> Verification:
+def _same_seed(rule: str, drafts, q, p, **params) -> Verdict:
     return verify(rule, drafts, q, p, generator=torch.Generator().manual_seed(7), **params)
 
 
-def _assert_same_decisions(a: Verification, b: Verification, what: str) -> None:
+def _assert_same_decisions(a: Verdict, b: Verdict, what: str) -> None:
     assert torch.equal(a.num_accepted, b.num_accepted), f"{what}: num_accepted differs"
     assert torch.equal(a.next_token, b.next_token), f"{what}: next_token differs"
     assert torch.equal(a.accepted, b.accepted), f"{what}: accepted differs"
@@ -667,8 +667,8 @@ def test_batch_rows_are_verified_independently():
     assert_distribution(first_token(drafts[generic], _rows(result, generic)), generic_p[0], "generic rows")
 
 
-def _rows(result: Verification, mask: Tensor) -> Verification:
-    return Verification(result.num_accepted[mask], result.next_token[mask], result.accepted[mask],
+def _rows(result: Verdict, mask: Tensor) -> Verdict:
+    return Verdict(result.num_accepted[mask], result.next_token[mask], result.accepted[mask],
                         result.accept_prob[mask], result.uniform[mask])
 
 

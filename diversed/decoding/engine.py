@@ -30,7 +30,7 @@ from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
 from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel
 from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
-from diversed.verify import Verification
+from diversed.verify import Verdict
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
 # string (the round's token that completed it included), or None: a stop string never appeared.
@@ -424,7 +424,7 @@ class Round:
     [B, n', V], p [B, n' + 1, V] and, where a policy needed them, the hidden states that produced them."""
 
     drafts: Tensor
-    verdict: Verification
+    verdict: Verdict
     lengths: Tensor
     q: Tensor | None  # None: drafts copied from text (point masses)
     p: Tensor

@@ -24,11 +24,11 @@ from torch import Tensor
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import probabilities, sample_tokens
 from diversed.request import Method, Sampling
-from diversed.verify import Verification, verify
+from diversed.verify import Verdict, verify
 
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
 WeightFn = Callable[[Tensor, Tensor], Tensor]
-Output = TypeVar("Output", Tensor, Verification)
+Output = TypeVar("Output", Tensor, Verdict)
 
 
 @runtime_checkable
@@ -122,12 +122,12 @@ class Groups:
             lambda: probs.new_zeros(self.size, dtype=torch.long))
 
     def verify(self, drafts: Tensor, q: Tensor | None, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
-               h_target: Tensor | None, clock: PhaseClock) -> Verification:
+               h_target: Tensor | None, clock: PhaseClock) -> Verdict:
         """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] (None:
         copied drafts, point masses) and
         p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
         bonus token from p after them), in one call of the rule per draft length among a group's rows."""
-        def one(policy: Policy, rows: slice | list[int]) -> Verification:
+        def one(policy: Policy, rows: slice | list[int]) -> Verdict:
             rule, params = policy.method.rule or "exact", policy.method.verify_params()
             if rule == "dynamic":
                 with clock.phase("head"):
@@ -136,7 +136,7 @@ class Groups:
             generator = self.streams[id(policy)][1]
             with clock.phase("verify"):
                 own = lengths[rows]
-                out = Verification(own.new_zeros(own.shape), own.new_zeros(own.shape),
+                out = Verdict(own.new_zeros(own.shape), own.new_zeros(own.shape),
                                    torch.zeros(own.shape + (n,), dtype=torch.bool, device=p.device),
                                    torch.zeros(own.shape + (n,), device=p.device),
                                    torch.zeros(own.shape + (n,), device=p.device))
@@ -157,14 +157,14 @@ class Groups:
 
         n = drafts.shape[1]
         lengths = lengths.to(p.device)
-        return self._per_group(one, lambda: Verification(
+        return self._per_group(one, lambda: Verdict(
             drafts.new_zeros(self.size), drafts.new_zeros(self.size),
             torch.zeros(drafts.shape, dtype=torch.bool, device=p.device), torch.zeros(drafts.shape, device=p.device),
             torch.zeros(drafts.shape, device=p.device)))
 
     def _per_group(self, compute: Callable[[Policy, slice | list[int]], Output],
                    zeros: Callable[[], Output]) -> Output:
-        """compute(policy, rows) for each group, written into the rows of zeros() (a tensor, or a Verification
+        """compute(policy, rows) for each group, written into the rows of zeros() (a tensor, or a Verdict
         field by field); the rows of a group that raised (`failed`) stay zero. One group: compute's own result."""
         if len(self.groups) == 1:
             return compute(self.groups[0][0], slice(None))
@@ -173,8 +173,8 @@ class Groups:
             part = self._guarded(rows, compute, policy, rows)
             if part is None:
                 continue
-            if isinstance(out, Verification):
-                for field in fields(Verification):
+            if isinstance(out, Verdict):
+                for field in fields(Verdict):
                     getattr(out, field.name)[rows] = getattr(part, field.name)
             else:
                 out[rows] = part
