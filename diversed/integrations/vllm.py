@@ -293,7 +293,7 @@ def _verify_rows(step: _Step, output: Tensor, draft_token_ids: Tensor, num_draft
         drafts = draft_token_ids[tokens].long()
         p = torch.cat([probabilities(sampling, step.logits[step.target_index[tokens]]),  # [G, n, V]
                        F.one_hot(bonus_token_ids[rows, 0].long(), vocab).float().unsqueeze(1)], 1)
-        q = _draft_distributions(step, rows, tokens, drafts, greedy, draft_probs, vocab)
+        q = _draft_distributions(step, rows, tokens, drafts, greedy, draft_probs)
         params = method.verify_params()
         if method.rule == "dynamic":
             params["weight"] = _head_weights(method, step, rows, tokens)
@@ -307,8 +307,9 @@ def _verify_rows(step: _Step, output: Tensor, draft_token_ids: Tensor, num_draft
 
 
 def _draft_distributions(step: _Step, rows: list[int], tokens: Tensor, drafts: Tensor, greedy: bool,
-                         draft_probs: Tensor | None, vocab: int) -> Tensor:
-    """q [G, n, V]: what each draft was drawn from (see the module's docstring)."""
+                         draft_probs: Tensor | None) -> Tensor | None:
+    """q [G, n, V]: what each draft was drawn from (see the module's docstring); None for point masses (drafts
+    that no distribution is known for, as n-gram drafts: verify() takes them as ids)."""
     n = drafts.shape[1]
     if greedy:
         recorded = [step.drafted.get(step.req_ids[r], (None, None))[0] for r in rows]
@@ -316,7 +317,7 @@ def _draft_distributions(step: _Step, rows: list[int], tokens: Tensor, drafts: T
             return torch.stack([q[:n] for q in recorded])
     elif draft_probs is not None:
         return draft_probs[tokens].float()
-    return F.one_hot(drafts, vocab).float()
+    return None
 
 
 def _head_weights(method: Method, step: _Step, rows: list[int], tokens: Tensor) -> Tensor:
