@@ -185,8 +185,9 @@ class Job:
             # (new tokens, tau, tokens/s, a server's usage) and a trainer's capture cover what a plain decode
             # writes.
             del self.tokens[end:], added[end - start:]
-        if origins is not None:
-            self.origins = (self.origins + origins)[:len(self.tokens)]
+        if origins is not None:  # in place: a round's work must not grow with the answer
+            self.origins += origins
+            del self.origins[len(self.tokens):]
         self.stats.new_tokens = len(self.tokens)
         self.stats.count_deciders(len(added), kept, drafted)
         if self.finished:
