@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4, help="held-out HumanEval prompts")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--draft-len", type=int, default=5)
+    parser.add_argument("--draft-length", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
 
@@ -71,13 +71,13 @@ def main() -> None:
         TransformersRows.feed = feed
         try:
             return decode(pair.target, [prompt], draft=pair.draft, method=Method("exact"), sampling=greedy,
-                          draft_length=args.draft_len, max_new_tokens=args.max_new_tokens,
+                          draft_length=args.draft_length, max_new_tokens=args.max_new_tokens,
                           eos_token_ids=pair.eos_token_ids).tokens[0]
         finally:
             TransformersRows.feed = ours_feed
 
     variants = {"ours": lambda p: ours(p, ours_feed), "plain": lambda p: ours(p, plain_feed(ours_feed)),
-                "transformers": lambda p: assisted_generate(pair, p, greedy, draft_len=args.draft_len,
+                "transformers": lambda p: assisted_generate(pair, p, greedy, draft_length=args.draft_length,
                                                             max_new_tokens=args.max_new_tokens)[0]}
     totals = {name: {"wall": 0.0, "tokens": 0, "target": [0.0, 0], "draft": [0.0, 0]} for name in variants}
     turn = 0
@@ -94,7 +94,7 @@ def main() -> None:
                     total[role][0] += t.seconds - before[role][0]
                     total[role][1] += t.calls - before[role][1]
             turn += 1
-    print(f"# greedy, {args.draft_len} drafts, {len(prompts)} HumanEval prompts x {args.repeats}, "
+    print(f"# greedy, {args.draft_length} drafts, {len(prompts)} HumanEval prompts x {args.repeats}, "
           f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} threads\n")
     print("| loop | tokens | tokens/s | target forwards | ms each | draft forwards | ms each | outside forwards |")
     print("|---|---|---|---|---|---|---|---|")

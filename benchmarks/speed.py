@@ -11,7 +11,7 @@ take turns prompt by prompt (the order reversing every prompt), so that a slow s
 spreads over all of them.
 
     .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
-        --batch 8 --peers hf-default hf-exact
+        --batch 8 --peers hf-default hf-exact --dtypes float16 bfloat16
 
 speedup = (tokens/s of the method) / (tokens/s of plain): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
@@ -50,12 +50,18 @@ from diversed.text import encode_prompt
 @dataclass(frozen=True)
 class Spec:
     """One configuration to time: a method label (ours, or hf-exact / hf-static:W / hf-default for the
-    peer), its draft length (None for plain and for the peer's own defaults) and a batch size."""
+    peer), its draft length (None for plain and for the peer's own defaults), a batch size and the dtype of
+    the models it runs on."""
 
     method: str
     length: DraftLength | None
     batch: int = 1
     draft_vocab: int | None = None  # the draft scores only its K most frequent tokens (diversed.models.vocab)
+    dtype: str = "float16"
+
+    @property
+    def pair_key(self) -> tuple[str, int | None]:
+        return self.dtype, self.draft_vocab
 
     @property
     def peer(self) -> bool:
@@ -136,7 +142,7 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
+def run(pairs: dict[tuple[str, int | None], Pair], specs: list[Spec], prompts: list[list[int]], sampling: Sampling,
         max_new_tokens: int, seed: int, time_forwards: Callable[[int], dict[str, list[float]]]
         ) -> tuple[list[Row], dict[str, float]]:
     """Every spec on every prompt, interleaved so that slow spells of a shared machine spread over all specs:
@@ -144,7 +150,8 @@ def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int
     cancels out); batched specs run each chunk of prompts (the largest batch) after the batch-1 turns on it.
     After each chunk, time_forwards(repeats) times each forward `repeats` times more (at least 10 timings in
     all): the costs (medians of all its timings) then come from the same spells of the machine as the runs.
-    pairs: the pair for each draft vocabulary size (None: the full draft). Returns the rows and the costs."""
+    pairs: the pair for each (dtype, draft vocabulary size) (None: the full draft). Returns the rows and the
+    costs."""
     rows = [Row(spec) for spec in specs]
     timings: dict[str, list[float]] = {}
     singles, batched = [r for r in rows if r.spec.batch == 1], [r for r in rows if r.spec.batch > 1]
@@ -161,14 +168,15 @@ def run(pairs: dict[int | None, Pair], specs: list[Spec], prompts: list[list[int
         for name, seconds in time_forwards(repeats).items():
             timings.setdefault(name, []).extend(seconds)
         print(f"  {end}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
-                                                             f"{r.tokens_per_s:.2f}" for r in rows), flush=True)
+                                                             f"{r.spec.dtype} {r.tokens_per_s:.2f}" for r in rows),
+              flush=True)
     return rows, {name: statistics.median(seconds) for name, seconds in timings.items()}
 
 
-def _run(pairs: dict[int | None, Pair], row: Row, prompts: list[list[int]], first: int, sampling: Sampling,
+def _run(pairs: dict[tuple[str, int | None], Pair], row: Row, prompts: list[list[int]], first: int, sampling: Sampling,
          max_new_tokens: int, seed: int) -> None:
     """Run one spec on prompts[first:first + batch]; the seed of a batch is the seed plus its first prompt."""
-    pair, batch = pairs[row.spec.draft_vocab], prompts[first:first + row.spec.batch]
+    pair, batch = pairs[row.spec.pair_key], prompts[first:first + row.spec.batch]
     if row.spec.peer:
         _run_peer(pair, row, batch[0], sampling, max_new_tokens, seed + first)
     else:
@@ -190,7 +198,7 @@ def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling
 
 def _run_peer(pair: Pair, row: Row, prompt: list[int], sampling: Sampling, max_new_tokens: int, seed: int) -> None:
     name, _, weight = row.spec.method.partition(":")
-    _, stats = assisted_generate(pair, prompt, sampling, draft_len=None if name == "hf-default" else
+    _, stats = assisted_generate(pair, prompt, sampling, draft_length=None if name == "hf-default" else
                                  row.spec.length.initial, weight=float(weight) if weight else None,
                                  max_new_tokens=max_new_tokens, seed=seed)
     row.stats.append(stats)
@@ -216,15 +224,22 @@ def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float 
     return plain / speculative
 
 
-def table(rows: list[Row], costs: dict[str, float], prompts: int) -> str:
-    plain = next(r for r in rows if r.spec.method == "plain" and r.spec.batch == 1)
-    lines = ["| method | drafts | batch | tokens | acceptance | tau | tokens/s | speedup | predicted | overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def table(rows: list[Row], costs: dict[str, dict[str, float]], prompts: int) -> str:
+    """One line per row; speedup: over plain at batch 1 in the row's dtype; with several dtypes, also over
+    plain at batch 1 in the first (the default a user gets)."""
+    plains = {r.spec.dtype: r for r in rows if r.spec.method == "plain" and r.spec.batch == 1}
+    first = next(iter(plains.values()))
+    several = len(plains) > 1
+    lines = ["| method | drafts | batch | dtype | tokens | acceptance | tau | tokens/s | speedup | "
+             + (f"vs plain {first.spec.dtype} | " if several else "") + "predicted | overhead |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if several else "") + "---|---|"]
     for r in rows:
         s = r.summary
-        cells = [r.spec.method, r.spec.drafting, r.spec.batch, s["new_tokens"], _cell(s["acceptance_rate"], ".1%"),
-                 _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}", f"{r.tokens_per_s / plain.tokens_per_s:.2f}x",
-                 _cell(predicted_speedup(r, costs, prompts), ".2f", "x"), _cell(r.overhead, ".1%")]
+        cells = [r.spec.method, r.spec.drafting, r.spec.batch, r.spec.dtype, s["new_tokens"],
+                 _cell(s["acceptance_rate"], ".1%"), _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}",
+                 f"{r.tokens_per_s / plains[r.spec.dtype].tokens_per_s:.2f}x"]
+        cells += [f"{r.tokens_per_s / first.tokens_per_s:.2f}x"] if several else []
+        cells += [_cell(predicted_speedup(r, costs[r.spec.dtype], prompts), ".2f", "x"), _cell(r.overhead, ".1%")]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -248,10 +263,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draft")
     parser.add_argument("--target")
-    parser.add_argument("--dtype", default="float16", choices=DTYPE_NAMES)
+    parser.add_argument("--dtypes", nargs="+", default=["float16"], choices=DTYPE_NAMES,
+                        help="run every configuration on the models in each (the first is the baseline)")
     parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
                         help="the draft in dynamic int8, as `diversed generate` runs it (default: on)")
-    parser.add_argument("--prompts", type=int, default=10, help="held-out HumanEval prompts")
+    parser.add_argument("--prompts", type=int, default=10, help="HumanEval prompts")
+    parser.add_argument("--split", default="test", choices=["train", "test"],
+                        help="HumanEval split: test (held out, for tables) or train (for choosing settings)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--draftings", type=drafting, nargs="+", default=[DraftLength(3), DraftLength(5)],
@@ -274,28 +292,33 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write all rows and costs as JSON here")
     args = parser.parse_args()
 
-    pair = load_pair(args.draft, args.target, backend="transformers", dtype=args.dtype, draft_int8=args.draft_int8)
-    pairs = {None: pair}
-    if args.draft_vocab:
-        # Only the draft differs: load it a second time, restricted, and share the target.
-        draft_name = args.draft or str(prepare_default_pair()[0])
-        pairs[args.draft_vocab] = replace(pair, draft=load_model(draft_name, dtype=args.dtype, vocab=args.draft_vocab,
-                                                                 int8=args.draft_int8)[1])
-    problems = load_humaneval("test")[: args.prompts]
+    pairs = {}
+    for dtype in args.dtypes:
+        pair = pairs[dtype, None] = load_pair(args.draft, args.target, backend="transformers", dtype=dtype,
+                                              draft_int8=args.draft_int8)
+        if args.draft_vocab:
+            # Only the draft differs: load it a second time, restricted, and share the target.
+            draft_name = args.draft or str(prepare_default_pair()[0])
+            pairs[dtype, args.draft_vocab] = replace(pair, draft=load_model(
+                draft_name, dtype=dtype, vocab=args.draft_vocab, int8=args.draft_int8)[1])
+    problems = load_humaneval(args.split)[: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in problems]
     machine = (f"{describe()}, {torch.get_num_threads()} threads, "
                f"torch {torch.__version__}")
-    draft_kind = "int8 draft" if args.draft_int8 else f"{args.dtype} draft"
-    print(f"# {pair.draft_name} -> {pair.target_name}, {args.dtype} target, {draft_kind}, {len(prompts)} HumanEval "
-          f"test prompts, {args.max_new_tokens} new tokens, {machine}\n")
+    # quantize_linears leaves a bfloat16 (or GPU) draft as it is.
+    draft_kind = "int8 draft (float16, float32)" if args.draft_int8 else "the draft in the target's dtype"
+    print(f"# {pair.draft_name} -> {pair.target_name}, {'/'.join(args.dtypes)} target, {draft_kind}, "
+          f"{len(prompts)} HumanEval {args.split} prompts, {args.max_new_tokens} new tokens, {machine}\n")
     # Costs where decoding runs on average: after the prompt and half the new tokens.
     context = int(statistics.mean(map(len, prompts)) + args.max_new_tokens // 2)
     timed = sorted({d.initial for d in args.draftings if d.schedule == "constant" and not d.confidence})
 
     def time_forwards(repeats: int) -> dict[str, list[float]]:
-        return forward_costs(pair, prompts[0], timed, repeats=repeats, context=context)
+        return {f"{dtype}/{name}": seconds for dtype in args.dtypes
+                for name, seconds in forward_costs(pairs[dtype, None], prompts[0], timed, repeats=repeats,
+                                                   context=context).items()}
 
-    results = {"machine": machine, "dtype": args.dtype, "draft_int8": args.draft_int8, "cost_context": context,
+    results = {"machine": machine, "dtypes": args.dtypes, "draft_int8": args.draft_int8, "cost_context": context,
                "costs": {}, "runs": {}}
     main_drafting = args.main or args.draftings[0]
     methods = [f"static:{w}" for w in args.weights]
@@ -311,20 +334,27 @@ def main() -> None:
         parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")
     specs += [Spec(p, None if p == "hf-default" else DraftLength(args.draftings[0].initial))
               for p in (parse_methods(peers) if peers else [])]
+    specs = [replace(spec, dtype=dtype) for spec in specs for dtype in args.dtypes]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
-        rows, costs = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed, time_forwards)
+        rows, timed_costs = run(pairs, specs, prompts, Sampling(temperature), args.max_new_tokens, args.seed,
+                                time_forwards)
+        costs: dict[str, dict[str, float]] = {}
+        for key, seconds in timed_costs.items():
+            dtype, _, name = key.partition("/")
+            costs.setdefault(dtype, {})[name] = seconds
         print(f"\nForward costs with {context} tokens in the cache (medians of the timings taken between the "
               f"chunks of prompts; prefills: the first prompt, {len(prompts[0])} tokens):\n\n"
-              "| forward | ms | / target step |\n|---|---|---|")
-        for name, seconds in costs.items():
-            print(f"| {name} | {seconds * 1e3:.1f} | {seconds / costs['target_step']:.2f} |")
+              "| dtype | forward | ms | / target step |\n|---|---|---|---|")
+        for dtype, named in costs.items():
+            for name, seconds in named.items():
+                print(f"| {dtype} | {name} | {seconds * 1e3:.1f} | {seconds / named['target_step']:.2f} |")
         print("\n" + table(rows, costs, len(prompts)), flush=True)
         results["costs"][str(temperature)] = costs
         results["runs"][str(temperature)] = [
-            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch,
-             "draft_vocab": r.spec.draft_vocab, "wall_time": r.wall_time,
-             "tokens_per_s": r.tokens_per_s, "predicted": predicted_speedup(r, costs, len(prompts)),
+            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch, "dtype": r.spec.dtype,
+             "draft_vocab": r.spec.draft_vocab, "wall_time": r.wall_time, "tokens_per_s": r.tokens_per_s,
+             "predicted": predicted_speedup(r, costs[r.spec.dtype], len(prompts)),
              "profile": r.profile, **r.summary} for r in rows]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
