@@ -16,6 +16,7 @@ from diversed.decoding.policy import Policy
 from diversed.decoding.profile import PHASES
 from diversed.models.loading import load_pair
 from diversed.models.options import QUANTIZATIONS
+from diversed.models.quantize import quantize_linears
 from diversed.request import DraftLength, Method, Sampling
 
 from tiny import perturbed, tiny_gguf, tiny_model
@@ -265,3 +266,30 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
 def test_the_draft_quantizations_checked_before_loading_are_those_llama_cpp_makes():
     # loading.py checks --draft-quant without importing llama.cpp, so it keeps the names apart from their types.
     assert QUANTIZATIONS == tuple(LLAMA_FTYPES)
+
+
+@pytest.mark.parametrize("attention", ["rows", "batched"])
+def test_on_a_cpu_a_row_computes_the_same_bits_alone_and_beside_holes(attention):
+    """With float16-weight linear layers (whose CPU kernel gives each row of a call what it gets alone), a
+    row fed the same chunks gets bitwise the logits it gets alone, holes and all, because attention runs row
+    by row; batched SDPA over the holes (the control) sums in another order."""
+    model = quantize_linears(tiny_model(0, layers=2, hidden=64), "float16")
+    target = TransformersModel(model)
+    if attention == "batched":
+        model.set_attn_implementation("sdpa")
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 90, (n,), generator=generator).tolist() for n in (37, 11)]
+    chunks = [[prompts[0], [5, 6, 7], [9, 10]], [prompts[1], [8], [11, 12]]]
+    rows = target.rows(2)
+    for step in range(2):
+        rows.feed([c[step] for c in chunks], 1)
+    rows.truncate([len(prompts[0]) + 1, len(prompts[1]) + 1])  # row 0 keeps 1 of 3: row 1 gets holes
+    _, logits = rows.feed([c[2] for c in chunks], 2)
+    same = []
+    for row, (prompt, drafts, last) in enumerate(chunks):
+        alone = target.rows(1)
+        alone.feed([prompt], 1)
+        alone.feed([drafts], 1)
+        alone.truncate([len(prompt) + 1])
+        same.append(torch.equal(logits[row], alone.feed([last], 2)[1][0]))
+    assert same == [True, True] if attention == "rows" else same == [True, False]

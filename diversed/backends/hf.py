@@ -4,15 +4,26 @@ Rows in a batch advance by different amounts. Rather than re-pack the cache, eve
 number of slots to every row and marks the ones that hold no real token (left padding of a short row's
 new tokens, rejected drafts a neighbour's longer run kept in the cache) as holes. Holes are masked out of
 attention and skipped by the position ids, so each row sees exactly its own tokens at 0, 1, 2, ...
+
+On a CPU, attention runs row by row over each row's own tokens (`row_attention`): batched attention over
+holes sums in another order than the same row alone, and those last bits turned a near-tie into another
+token, so a request's result depended on its company. Row by row, a row's attention is the same computation
+alone and in any batch; the linear layers already are (CPU kernels give each row of a call what it gets
+alone: diversed.models.quantize).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from torch.nn.functional import scaled_dot_product_attention
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ROW_ATTENTION = "diversed-rows"
 
 
 class TransformersModel:
@@ -34,6 +45,10 @@ class TransformersModel:
         self.eos_token_ids = tuple(configured if isinstance(configured, list) else
                                    [] if configured is None else [configured])
         self.device = model.device
+        if (self.device.type == "cpu" and model.config._attn_implementation in ("sdpa", "eager")
+                and getattr(model, "_supports_attention_backend", False)):
+            # One small attention call per row and layer: cheap next to a CPU's linear layers, not on a GPU.
+            model.set_attn_implementation(ROW_ATTENTION)
 
     def rows(self, count: int, capacity: int | None = None) -> TransformersRows:  # a cache grows as it needs
         return TransformersRows(self.model, torch.zeros(count, 0, dtype=torch.bool, device=self.device))
@@ -61,7 +76,7 @@ class TransformersRows:
         position_ids = (self.valid.sum(-1, keepdim=True) + valid.long().cumsum(-1) - 1).clamp_min(0)
         self.valid = torch.cat([self.valid, valid], dim=-1)
         out = self.model.base_model(input_ids=ids, attention_mask=self.valid.long(), position_ids=position_ids,
-                                    cache=self.cache, use_cache=True)
+                                    cache=self.cache, use_cache=True, row_layout=RowLayout.of(self.valid, width))
         last = out.last_hidden_state[:, width - outputs:]
         # Only the requested slots are projected onto the vocabulary: most of a small model's step.
         return last, self.model.get_output_embeddings()(last).float()
@@ -89,6 +104,46 @@ class TransformersRows:
                 layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(count, *layer.keys.shape[1:])])
                 layer.values = torch.cat([layer.values, layer.values.new_zeros(count, *layer.values.shape[1:])])
         self.valid = torch.cat([self.valid, self.valid.new_zeros(count, self.valid.shape[1])])
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Per row of a call: its cache slots that hold tokens (keys), its new tokens among the call's (queries),
+    and which keys each of those sees (a causal mask ending at the row's last token)."""
+
+    keys: list[Tensor]
+    queries: list[Tensor]
+    masks: list[Tensor]
+
+    @staticmethod
+    def of(valid: Tensor, width: int) -> RowLayout:
+        keys = [row.nonzero().squeeze(-1) for row in valid]
+        queries = [row[-width:].nonzero().squeeze(-1) for row in valid]
+        masks = [torch.ones(len(q), len(k), dtype=torch.bool, device=valid.device).tril(len(k) - len(q))
+                 for k, q in zip(keys, queries, strict=True)]
+        return RowLayout(keys, queries, masks)
+
+
+def row_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                  scaling: float | None = None, dropout: float = 0.0, row_layout: RowLayout | None = None,
+                  **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention interface, one row at a time over its own tokens (the module docstring says
+    why); query [B, heads, width, d], key and value [B, kv heads, slots, d]. Holes' outputs are zeros.
+    Calls from elsewhere (transformers' own generate() on the same model) have no layout: batched SDPA."""
+    if row_layout is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    out = query.new_zeros(*query.shape[:3], value.shape[-1])
+    for row, (keys, queries, mask) in enumerate(zip(row_layout.keys, row_layout.queries, row_layout.masks,
+                                                    strict=True)):
+        if len(queries):
+            out[row, :, queries] = scaled_dot_product_attention(
+                query[row, :, queries].unsqueeze(0), key[row, :, keys].unsqueeze(0),
+                value[row, :, keys].unsqueeze(0), attn_mask=mask, scale=scaling, enable_gqa=True)[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)
 
 
 def _unsupported_feature(config) -> str | None:
