@@ -49,8 +49,8 @@ def server(pair, head_dir):
 
 def solo(pair: Pair, prompt: str, rule: str, max_tokens: int, head_dir: str, chat: bool = False) -> str:
     """What `generate` writes for the prompt alone at T = 0 with the server's drafting."""
-    method = f"diversed:{head_dir}" if rule == "diversed" else rule
-    return generate(pair, prompt, method=method, temperature=0, max_new_tokens=max_tokens, chat=chat,
+    verification = f"diversed:{head_dir}" if rule == "diversed" else rule
+    return generate(pair, prompt, verification=verification, temperature=0, max_new_tokens=max_tokens, chat=chat,
                     draft_length=DRAFTING)[0].text
 
 
@@ -119,16 +119,16 @@ def test_a_heads_shift_travels_in_the_verification_string(server, pair, head_dir
     url, _ = server
     out = client(url).completions.create(model="tiny-target", prompt="t13 t14 t15", max_tokens=20, temperature=0,
                                          extra_body={"verification": "diversed:flat@+1"})
-    alone = generate(pair, "t13 t14 t15", method=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
+    alone = generate(pair, "t13 t14 t15", verification=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
                      chat=False, draft_length=DRAFTING)[0].text
     assert out.choices[0].text == alone
     assert out.model_extra["speculative"]["verification"] == "diversed:flat@+1"
 
 
-def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_method(pair, head_dir):
-    """With --method diversed:flat@+1: a request naming only a head keeps the shift, and one asking for plain
-    "diversed" gets the --method's head, not the first one loaded."""
-    with serving(pair, heads={"other": head_dir, "flat": head_dir}, method="diversed:flat@+1") as (url, _):
+def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_verification(pair, head_dir):
+    """With --verification diversed:flat@+1: a request naming only a head keeps the shift, and one asking for plain
+    "diversed" gets the --verification's head, not the first one loaded."""
+    with serving(pair, heads={"other": head_dir, "flat": head_dir}, verification="diversed:flat@+1") as (url, _):
         labels = [client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=4, temperature=0,
                                                  extra_body=extra).model_extra["speculative"]["verification"]
                   for extra in ({}, {"head": "other"}, {"verification": "diversed"})]
