@@ -64,6 +64,28 @@ def test_the_old_spelling_of_draft_length_works_with_a_warning(models, capsys):
     assert "--draft-len is now --draft-length" in err
 
 
+def test_the_old_spelling_of_verification_works_with_a_warning(models, capsys):
+    code, out, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
+                          "--method", "static:0.5", "--max-new-tokens", "4", "--no-chat", "t3"], capsys)
+    assert code == 0 and json.loads(out)["metrics"]["verification"] == "static:0.5"
+    assert "--method is now --verification" in err
+
+
+@pytest.mark.parametrize(("args", "old", "new", "message"), [
+    (["generate", "--method", "banana", "t3"], "--method", "--verification", "--verification must be one of"),
+    (["serve", "--method", "banana"], "--method", "--verification", "--verification must be one of"),
+    (["eval", "--task", "humaneval", "--out", "{tmp}/eval", "--methods", "plain,banana"], "--methods",
+     "--verifications", "--verification must be one of"),
+    (["report", "{tmp}", "--methods", "exact"], "--methods", "--verifications",
+     "--verifications and --to are for evaluations"),
+])
+def test_the_old_verification_flags_set_the_new_ones(capsys, tmp_path, args, old, new, message):
+    """Each old flag's value goes where the new flag's would: here to a refusal before any model loads."""
+    (tmp_path / "log.jsonl").write_text("")  # a head's training run, which report refuses --verifications for
+    code, _, err = run([a.format(tmp=tmp_path) for a in args], capsys)
+    assert code == 2 and f"{old} is now {new}" in err and message in err, err
+
+
 def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
               "0", "--max-new-tokens", "12", "--stop", "t7", "t3 t4", "t5 t6"]

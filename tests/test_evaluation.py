@@ -568,6 +568,19 @@ def test_the_old_name_of_plain_decoding_still_works_for_a_release(tmp_path):
     assert [r["verification"] for r in load_done_rows(tmp_path / "results.jsonl")] == ["plain"]
 
 
+def test_rows_that_name_their_verification_method_report_and_resume_as_before(complete, pair, task, tmp_path):
+    """Until this release a row named its verification "method" (benchmarks/results holds many such rows): a
+    folder of them reports as one written today, and a resumed run finds them done."""
+    out, summaries = complete
+    shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
+    old = "".join(json.dumps({("method" if k == "verification" else k): v for k, v in r.items()}) + "\n"
+                  for r in rows(out))
+    (tmp_path / RESULTS_FILE).write_text(old)
+    assert run.report(tmp_path, "share") == summaries
+    assert evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, resume=True, progress=False) == summaries
+    assert (tmp_path / RESULTS_FILE).read_text() == old  # nothing run again
+
+
 def test_a_run_saved_with_the_old_name_of_draft_length_resumes(tmp_path):
     saved = {**dataclasses.asdict(SMALL), "draft_len": SMALL.draft_length}
     del saved["draft_length"]

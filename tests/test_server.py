@@ -297,6 +297,14 @@ def test_bad_requests_get_400_naming_the_field(server, body, param):
     assert error.value.body["message"]
 
 
+def test_a_bad_rule_is_refused_in_the_words_of_the_field_verification(server):
+    url, _ = server
+    with pytest.raises(openai.BadRequestError) as error:
+        client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=4,
+                                       extra_body={"verification": "strict"})
+    assert error.value.body["message"].startswith("verification must be one of ("), error.value.body
+
+
 def test_bad_chat_and_invalid_json_get_400(server):
     url, _ = server
     with pytest.raises(openai.BadRequestError) as error:
