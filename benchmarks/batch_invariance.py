@@ -26,7 +26,7 @@ from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job
 from diversed.decoding.policy import Policy
 from diversed.models.loading import Pair, load_pair
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
@@ -34,7 +34,7 @@ MIX_PROMPTS = ("Name three prime numbers greater than 50.", "Write a Python func
 MIX_RULES = ("exact", "static:0.5", "lossy:0.3")
 
 
-def run(pair: Pair, requests: list[tuple[list[int], Method]], temperature: float, tokens: int, together: int,
+def run(pair: Pair, requests: list[tuple[list[int], Verification]], temperature: float, tokens: int, together: int,
         traffic: list[list[int]] = ()) -> list[tuple]:
     """Each request's (tokens, drafted, accepted), decoded `together` at a time (in order), after `traffic`
     (prompts decoded to the end first, on the same batch)."""
@@ -43,16 +43,17 @@ def run(pair: Pair, requests: list[tuple[list[int], Method]], temperature: float
     batch = Batch(pair.target, make_drafter("model", pair.draft, capacity=capacity), draft_length=draft_length,
                   eos_token_ids=pair.eos_token_ids, capacity=capacity)
 
-    def job(ids: list[int], method: Method, seed: int) -> Job:
-        return Job(list(ids), Policy(method, Sampling(temperature), torch.Generator().manual_seed(seed)), tokens)
+    def job(ids: list[int], verification: Verification, seed: int) -> Job:
+        return Job(list(ids), Policy(verification, Sampling(temperature), torch.Generator().manual_seed(seed)), tokens)
 
     for i, ids in enumerate(traffic):
-        batch.add(job(ids, Method.parse("static:0.2"), 1000 + i))
+        batch.add(job(ids, Verification.parse("static:0.2"), 1000 + i))
     while batch.jobs:
         batch.step()
     results = []
     for start in range(0, len(requests), together):
-        jobs = [job(ids, method, start + i) for i, (ids, method) in enumerate(requests[start:start + together])]
+        jobs = [job(ids, verification, start + i)
+                for i, (ids, verification) in enumerate(requests[start:start + together])]
         for j in jobs:
             batch.add(j)
         while batch.jobs:
@@ -82,7 +83,7 @@ def main() -> None:
     pair = load_pair(backend=args.backend)
     report = {"machine": describe(), "backend": args.backend, "tokens": args.tokens, "results": []}
     if args.backend == "transformers":
-        requests = [(encode_prompt(pair.tokenizer, p), Method.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
+        requests = [(encode_prompt(pair.tokenizer, p), Verification.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
         labels = [f"{r} on prompt {i + 1}" for i in range(len(MIX_PROMPTS)) for r in MIX_RULES]
         traffic = [encode_prompt(pair.tokenizer, "Count from 1 to 20."), encode_prompt(pair.tokenizer, "Hi!")]
         for temperature in (0.0, 1.0):
@@ -99,7 +100,7 @@ def main() -> None:
         ids = [encode_prompt(pair.tokenizer, t) for t in texts]
         labels = [f"prompt {i + 1}" for i in range(len(ids))]
         for rule in ("plain", "exact"):
-            requests = [(i, Method.parse(rule)) for i in ids]
+            requests = [(i, Verification.parse(rule)) for i in ids]
             solo = run(pair, requests, 0.0, args.tokens, 1)
             report["results"].append({"rule": rule, **compare(f"{rule}, batches of {args.batch}", solo, run(
                 pair, requests, 0.0, args.tokens, args.batch), labels)})

@@ -37,7 +37,7 @@ from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_wid
 from diversed.decoding.engine import decode
 from diversed.decoding.schedule import SpeedModel
 from diversed.models.loading import load_pair
-from diversed.request import DEFAULT_DRAFTING, Method, Sampling
+from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task
 
 # (kept, rejected) pseudo-counts per kind of proposal; (1, 1) was the default before this replay.
@@ -86,7 +86,7 @@ def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int)
         for example in get_task(name).examples("train", limit=size):
             ids = token_ids(pair, example.prompt_for(chat=True))
             original = example.metadata.get("original")
-            out = decode(pair.target, [ids], method=Method("plain"), sampling=Sampling(0.0),
+            out = decode(pair.target, [ids], verification=Verification("plain"), sampling=Sampling(0.0),
                          max_new_tokens=long_tokens if original else tokens, eos_token_ids=pair.eos_token_ids)
             prediction = pair.tokenizer(original, add_special_tokens=False)["input_ids"] if original else None
             texts[name].append((ids, out.tokens[0], prediction))

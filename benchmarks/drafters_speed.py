@@ -15,7 +15,7 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
   token ids on /completion with prompt caching off; its time is its reported prompt and generation time.
   Each mode's setting is the fastest of a small grid (MODE_GRID) on tuning prompts (`--tune-task`'s *train*
   problems, never the measured ones), chosen by `--tune` before the run and printed with it.
-- ours DRAFTER METHOD: `diversed.decode` with the default drafting of `diversed generate` on llama.cpp (the
+- ours DRAFTER VERIFICATION: `diversed.decode` with the default drafting of `diversed generate` on llama.cpp (the
   auto schedule); a fresh suffix cache per prompt, as one `diversed generate` call has. `repeat`: the same
   request sent a second time to a server, whose suffix cache holds the first answer (at T = 0 the answer
   repeats in full; at T = 1 with another seed, in part). `prediction`: the request sends the file it shows
@@ -47,7 +47,7 @@ from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
-from diversed.request import DEFAULT_DRAFTING, Method, Sampling
+from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_messages, encode_prompt
 
@@ -83,13 +83,13 @@ def token_ids(pair: Pair, prompt) -> list[int]:
 
 def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int,
          prediction: list[int] | None = None) -> tuple[SequenceStats, float, list[int]]:
-    """One `diversed.decode` call for 'DRAFTER METHOD'; 'DRAFTER METHOD repeat': the same request a second
-    time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`;
-    'DRAFTER METHOD prediction': with `prediction` (token ids) as the request's predicted output."""
-    drafter, method, *extra = spec.split()
+    """One `diversed.decode` call for 'DRAFTER VERIFICATION'; 'DRAFTER VERIFICATION repeat': the same request a
+    second time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`;
+    'DRAFTER VERIFICATION prediction': with `prediction` (token ids) as the request's predicted output."""
+    drafter, verification, *extra = spec.split()
     repeat = "repeat" in extra
     cache = SuffixCache()
-    options = dict(draft=pair.draft, drafter=drafter, cache=cache, method=Method.parse(method),
+    options = dict(draft=pair.draft, drafter=drafter, cache=cache, verification=Verification.parse(verification),
                    sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend],
                    max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids,
                    predictions=[prediction] if "prediction" in extra else None)
@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--sampled-workloads", nargs="+", default=["file-edit", "mbpp-edit", "humaneval"],
                         help="the workloads also run at temperatures above 0")
-    parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER METHOD' pairs")
+    parser.add_argument("--ours", nargs="+", default=list(OURS), help="'DRAFTER VERIFICATION' pairs")
     parser.add_argument("--tune", type=int, default=3, help="train prompts to choose llama-server's settings")
     parser.add_argument("--tune-task", default="mbpp-edit", help="the task whose train prompts tune llama-server")
     parser.add_argument("--grid", choices=("full", "small"), default="full", help="llama-server settings to tune")

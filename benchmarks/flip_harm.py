@@ -31,7 +31,7 @@ from tqdm import tqdm
 from diversed.decoding.engine import decode
 from diversed.generation import load_head
 from diversed.models.loading import load_pair
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 
@@ -44,7 +44,7 @@ def greedy(pair, prompts: list[list[int]], max_new_tokens: list[int], stop) -> l
     out = []
     for start in range(0, len(prompts), BATCH):
         chunk = slice(start, start + BATCH)
-        out += decode(pair.target, prompts[chunk], method=Method("plain"), sampling=Sampling(0.0),
+        out += decode(pair.target, prompts[chunk], verification=Verification("plain"), sampling=Sampling(0.0),
                       max_new_tokens=max(max_new_tokens[chunk]), eos_token_ids=pair.eos_token_ids, stop=stop).tokens
     return [tokens[:budget] for tokens, budget in zip(out, max_new_tokens, strict=True)]
 

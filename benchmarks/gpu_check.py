@@ -16,7 +16,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from diversed.backends.hf import TransformersModel
 from diversed.decoding.engine import decode
 from diversed.head.model import EnsembleHead, HeadConfig
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 
 DEVICE = "cuda"
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [40]]
@@ -40,7 +40,7 @@ def checks() -> list[tuple[str, bool]]:
         for p in draft.parameters():
             p.add_(0.05 * torch.randn_like(p) * p.abs().mean())
     greedy = Sampling(0)
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=greedy, max_new_tokens=32).tokens
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=greedy, max_new_tokens=32).tokens
     results = []
     for n in (1, 3, 5):
         spec = decode(target, PROMPTS, draft=draft, sampling=greedy, draft_length=DraftLength(n), max_new_tokens=32)
@@ -48,12 +48,12 @@ def checks() -> list[tuple[str, bool]]:
     alone = [decode(target, [p], draft=draft, sampling=greedy, max_new_tokens=32).tokens[0] for p in PROMPTS]
     results.append(("batch == one by one", alone == plain))
     kwargs = dict(draft=draft, sampling=Sampling(1.0), max_new_tokens=32, seed=5)
-    exact = decode(target, PROMPTS, method=Method("exact"), **kwargs).tokens
-    static = decode(target, PROMPTS, method=Method("static", weight=1.0), **kwargs).tokens
+    exact = decode(target, PROMPTS, verification=Verification("exact"), **kwargs).tokens
+    static = decode(target, PROMPTS, verification=Verification("static", weight=1.0), **kwargs).tokens
     results.append(("sampling: static w=1 == exact, same seed", exact == static))
     results.append(("sampling: same seed, same tokens", exact == decode(target, PROMPTS, **kwargs).tokens))
     head = EnsembleHead(HeadConfig(128, 128)).to(DEVICE)
-    out = decode(target, PROMPTS, method=Method("dynamic"), weight_fn=head, **kwargs)
+    out = decode(target, PROMPTS, verification=Verification("dynamic"), weight_fn=head, **kwargs)
     results.append(("dynamic rule with a head on the GPU", all(len(t) == 32 for t in out.tokens)))
     return results
 

@@ -11,7 +11,7 @@ slow spell of a shared machine spreads over all of them.
   Python in the timing path that such a user would not have. "no extra buffers" is the same with the model
   loaded with `use_extra_bufts = False` (no repacked weights, no AMX): the workaround for llama.cpp builds
   whose AMX kernels fault on virtualized CPUs, against which setup.sh's build is measured.
-- ours: `diversed.decode` on the llama.cpp backend, per --ours (method@drafting[@quantization]; drafting N,
+- ours: `diversed.decode` on the llama.cpp backend, per --ours (verification@drafting[@quantization]; drafting N,
   auto:N or default; quantization Q3_K_S or Q2_K for the draft requantized by llama.cpp, else its Q4_K_M).
 - llama.cpp-spec: `llama-speculative-simple` (built from the llama.cpp source that the llama-cpp-python
   sdist vendors; benchmarks/README.md has the commands) on the same GGUF pair, `--spec-type draft-simple`,
@@ -44,7 +44,7 @@ from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.generation import load_head
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
-from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, Sampling
+from diversed.request import DEFAULT_DRAFTING, DraftLength, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
@@ -107,7 +107,7 @@ def plain_llama(model: LlamaCppModel, prompt: list[int], tokens: int, temperatur
 
 def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: float, seed: int, head
          ) -> tuple[SequenceStats, float]:
-    method, drafting = spec.split("@")[:2]
+    verification, drafting = spec.split("@")[:2]
     if drafting == "default":
         length = DEFAULT_DRAFTING[pair.backend]
     elif drafting.startswith("auto:"):
@@ -115,9 +115,9 @@ def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: flo
     else:
         length = DraftLength(int(drafting)) if drafting != "-" else DraftLength(1)
     start = time.perf_counter()
-    out = decode(pair.target, [prompt], draft=pair.draft, method=Method.parse(method),
+    out = decode(pair.target, [prompt], draft=pair.draft, verification=Verification.parse(verification),
                  sampling=Sampling(temperature), draft_length=length, max_new_tokens=tokens,
-                 eos_token_ids=pair.eos_token_ids, weight_fn=head if method == "diversed" else None, seed=seed)
+                 eos_token_ids=pair.eos_token_ids, weight_fn=head if verification == "diversed" else None, seed=seed)
     return out.stats[0], time.perf_counter() - start
 
 
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--gsm8k", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--ours", nargs="+", default=list(OURS), help="method@drafting: N, auto:N, default or -")
+    parser.add_argument("--ours", nargs="+", default=list(OURS), help="verification@drafting: N, auto:N, default or -")
     parser.add_argument("--speculative-simple", help="path of llama.cpp's llama-speculative-simple")
     parser.add_argument("--spec-n", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--transformers", nargs="*", default=["plain@-", "exact@default"])

@@ -21,7 +21,7 @@ from diversed.backends.hf import TransformersRows
 from diversed.decoding.engine import decode
 from diversed.evaluation.peer import assisted_generate
 from diversed.models.loading import Pair, load_pair
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
 
@@ -70,7 +70,7 @@ def main() -> None:
     def ours(prompt: list[int], feed: Callable) -> list[int]:
         TransformersRows.feed = feed
         try:
-            return decode(pair.target, [prompt], draft=pair.draft, method=Method("exact"), sampling=greedy,
+            return decode(pair.target, [prompt], draft=pair.draft, verification=Verification("exact"), sampling=greedy,
                           draft_length=args.draft_length, max_new_tokens=args.max_new_tokens,
                           eos_token_ids=pair.eos_token_ids).tokens[0]
         finally:

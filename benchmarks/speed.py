@@ -13,7 +13,7 @@ spreads over all of them.
     .venv/bin/python benchmarks/speed.py --prompts 10 --draftings 5 auto:5 20/0.4 --main 20/0.4 --heads packaged \
         --batch 8 --peers hf-default hf-exact --dtypes float16 bfloat16
 
-speedup = (tokens/s of the method) / (tokens/s of plain): the ratio of wall times per generated token, which
+speedup = (tokens/s of the verification) / (tokens/s of plain): the ratio of wall times per generated token, which
 equals the ratio of wall times when both write the same number of tokens (sampled runs stop at EOS at
 different times, so per-token time is the fair comparison).
 """
@@ -37,23 +37,23 @@ from diversed.decoding.engine import decode
 from diversed.decoding.metrics import summarize
 from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.evaluation.peer import assisted_generate
-from diversed.evaluation.run import parse_methods
+from diversed.evaluation.run import parse_verifications
 from diversed.generation import load_head
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import Pair, load_model, load_pair
 from diversed.models.options import DTYPE_NAMES
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
 
 
 @dataclass(frozen=True)
 class Spec:
-    """One configuration to time: a method label (ours, or hf-exact / hf-static:W / hf-default for the
+    """One configuration to time: a verification label (ours, or hf-exact / hf-static:W / hf-default for the
     peer), its draft length (None for plain and for the peer's own defaults), a batch size and the dtype of
     the models it runs on."""
 
-    method: str
+    verification: str
     length: DraftLength | None
     batch: int = 1
     draft_vocab: int | None = None  # the draft scores only its K most frequent tokens (diversed.models.vocab)
@@ -65,11 +65,11 @@ class Spec:
 
     @property
     def peer(self) -> bool:
-        return self.method.startswith("hf-")
+        return self.verification.startswith("hf-")
 
     @property
     def drafting(self) -> str:
-        if self.method == "hf-default":
+        if self.verification == "hf-default":
             return "20, cut-off 0.4"
         if self.length is None:
             return "-"
@@ -167,9 +167,9 @@ def run(pairs: dict[tuple[str, int | None], Pair], specs: list[Spec], prompts: l
                 _run(pairs, row, prompts, first, sampling, max_new_tokens, seed)
         for name, seconds in time_forwards(repeats).items():
             timings.setdefault(name, []).extend(seconds)
-        print(f"  {end}/{len(prompts)} prompts: " + ", ".join(f"{r.spec.method} [{r.spec.drafting}] x{r.spec.batch} "
-                                                             f"{r.spec.dtype} {r.tokens_per_s:.2f}" for r in rows),
-              flush=True)
+        print(f"  {end}/{len(prompts)} prompts: " + ", ".join(
+            f"{r.spec.verification} [{r.spec.drafting}] x{r.spec.batch} {r.spec.dtype} {r.tokens_per_s:.2f}"
+            for r in rows), flush=True)
     return rows, {name: statistics.median(seconds) for name, seconds in timings.items()}
 
 
@@ -185,9 +185,10 @@ def _run(pairs: dict[tuple[str, int | None], Pair], row: Row, prompts: list[list
 
 def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling, max_new_tokens: int,
               seed: int) -> None:
-    method = Method.parse(row.spec.method)
-    head = load_head(pair, method.head) if method.name == "diversed" else None  # tiny: reloading costs ~1 ms
-    out = decode(pair.target, prompts, draft=pair.draft, method=method, sampling=sampling,
+    verification = Verification.parse(row.spec.verification)
+    # A head is tiny: reloading it costs about 1 ms.
+    head = load_head(pair, verification.head) if verification.name == "diversed" else None
+    out = decode(pair.target, prompts, draft=pair.draft, verification=verification, sampling=sampling,
                  draft_length=row.spec.length or DraftLength(), max_new_tokens=max_new_tokens,
                  eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed)
     row.stats += out.stats
@@ -197,7 +198,7 @@ def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling
 
 
 def _run_peer(pair: Pair, row: Row, prompt: list[int], sampling: Sampling, max_new_tokens: int, seed: int) -> None:
-    name, _, weight = row.spec.method.partition(":")
+    name, _, weight = row.spec.verification.partition(":")
     _, stats = assisted_generate(pair, prompt, sampling, draft_length=None if name == "hf-default" else
                                  row.spec.length.initial, weight=float(weight) if weight else None,
                                  max_new_tokens=max_new_tokens, seed=seed)
@@ -227,7 +228,7 @@ def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float 
 def table(rows: list[Row], costs: dict[str, dict[str, float]], prompts: int) -> str:
     """One line per row; speedup: over plain at batch 1 in the row's dtype; with several dtypes, also over
     plain at batch 1 in the first (the default a user gets)."""
-    plains = {r.spec.dtype: r for r in rows if r.spec.method == "plain" and r.spec.batch == 1}
+    plains = {r.spec.dtype: r for r in rows if r.spec.verification == "plain" and r.spec.batch == 1}
     first = next(iter(plains.values()))
     several = len(plains) > 1
     lines = ["| method | drafts | batch | dtype | tokens | acceptance | tau | tokens/s | speedup | "
@@ -235,7 +236,7 @@ def table(rows: list[Row], costs: dict[str, dict[str, float]], prompts: int) -> 
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if several else "") + "---|---|"]
     for r in rows:
         s = r.summary
-        cells = [r.spec.method, r.spec.drafting, r.spec.batch, r.spec.dtype, s["new_tokens"],
+        cells = [r.spec.verification, r.spec.drafting, r.spec.batch, r.spec.dtype, s["new_tokens"],
                  _cell(s["acceptance_rate"], ".1%"), _cell(s["tau"], ".2f"), f"{r.tokens_per_s:.2f}",
                  f"{r.tokens_per_s / plains[r.spec.dtype].tokens_per_s:.2f}x"]
         cells += [f"{r.tokens_per_s / first.tokens_per_s:.2f}x"] if several else []
@@ -278,7 +279,7 @@ def main() -> None:
                         help="the drafting of the static, DIVERSED and batch rows (default: the first of --draftings)")
     parser.add_argument("--weights", type=float, nargs="*", default=[0.7, 0.5])
     parser.add_argument("--batch", type=int, default=4,
-                        help="also run plain and every method at the main drafting at this batch size")
+                        help="also run plain and every verification at the main drafting at this batch size")
     parser.add_argument("--heads", nargs="*", default=[],
                         help="DIVERSED heads to run (folders; 'packaged' for the head that ships with the package)")
     parser.add_argument("--draft-vocab", type=int, metavar="K",
@@ -321,19 +322,20 @@ def main() -> None:
     results = {"machine": machine, "dtypes": args.dtypes, "draft_int8": args.draft_int8, "cost_context": context,
                "costs": {}, "runs": {}}
     main_drafting = args.main or args.draftings[0]
-    methods = [f"static:{w}" for w in args.weights]
-    methods += ["diversed" if h == "packaged" else f"diversed:{h}" for h in args.heads]
+    verifications = [f"static:{w}" for w in args.weights]
+    verifications += ["diversed" if h == "packaged" else f"diversed:{h}" for h in args.heads]
     specs = [Spec("plain", None)] + [Spec("exact", d) for d in args.draftings]
-    specs += [Spec(m, main_drafting) for m in methods]
+    specs += [Spec(m, main_drafting) for m in verifications]
     if args.draft_vocab:
         specs.append(Spec("exact", main_drafting, draft_vocab=args.draft_vocab))
     if args.batch > 1:
-        specs += [Spec("plain", None, args.batch)] + [Spec(m, main_drafting, args.batch) for m in ["exact", *methods]]
+        specs += [Spec("plain", None, args.batch)] + [Spec(m, main_drafting, args.batch)
+                                                      for m in ["exact", *verifications]]
     peers = ["hf-exact"] + [f"hf-static:{w}" for w in args.weights] if args.peers is None else args.peers
     if not all(p.startswith("hf-") for p in peers):
         parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")
     specs += [Spec(p, None if p == "hf-default" else DraftLength(args.draftings[0].initial))
-              for p in (parse_methods(peers) if peers else [])]
+              for p in (parse_verifications(peers) if peers else [])]
     specs = [replace(spec, dtype=dtype) for spec in specs for dtype in args.dtypes]
     for temperature in args.temperatures:
         print(f"\n## T = {temperature}", flush=True)
@@ -352,7 +354,8 @@ def main() -> None:
         print("\n" + table(rows, costs, len(prompts)), flush=True)
         results["costs"][str(temperature)] = costs
         results["runs"][str(temperature)] = [
-            {"method": r.spec.method, "drafts": r.spec.drafting, "batch": r.spec.batch, "dtype": r.spec.dtype,
+            # "method" names the verification, as in the runs committed under benchmarks/results.
+            {"method": r.spec.verification, "drafts": r.spec.drafting, "batch": r.spec.batch, "dtype": r.spec.dtype,
              "draft_vocab": r.spec.draft_vocab, "wall_time": r.wall_time, "tokens_per_s": r.tokens_per_s,
              "predicted": predicted_speedup(r, costs[r.spec.dtype], len(prompts)),
              "profile": r.profile, **r.summary} for r in rows]

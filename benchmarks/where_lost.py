@@ -1,14 +1,14 @@
 """Where relaxed verification loses its answers: the problems of a finished evaluation grouped by how many runs
-of the target's own distribution solved them, and each method's accuracy in each group, with 95% intervals
-(diversed.evaluation.report.quality_by_reference_agreement).
+of the target's own distribution solved them, and each verification's accuracy in each group, with 95%
+intervals (diversed.evaluation.report.quality_by_reference_agreement).
 
-A method that loses only on problems the target itself solves by luck (1 of 2 reference runs right) costs
-little; one that loses on problems the target always solves (2 of 2) changes answers the target is sure of.
-The reference methods score 100% and 0% in the outer groups by construction (they define them): a third run
-of the target would score a little under 100% in the first, so compare the other methods with that in mind.
+A verification that loses only on problems the target itself solves by luck (1 of 2 reference runs right)
+costs little; one that loses on problems the target always solves (2 of 2) changes answers the target is sure
+of. The reference verifications score 100% and 0% in the outer groups by construction (they define them): a
+third run of the target would score a little under 100% in the first, so compare the others with that in mind.
 
     .venv/bin/python benchmarks/where_lost.py benchmarks/results/gsm8k-t0.1 --reference plain,exact \\
-        --methods static:0.8,static:0.4
+        --verifications static:0.8,static:0.4
 """
 
 from __future__ import annotations
@@ -24,19 +24,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="an evaluation folder (with results.jsonl)")
     parser.add_argument("--reference", default="plain,exact",
-                        help="comma-separated methods that sample the target's own distribution")
-    parser.add_argument("--methods", help="comma-separated methods to show (default: all in the results); the "
-                                          "problems are those every shown and reference method finished")
+                        help="comma-separated verifications that sample the target's own distribution")
+    # --methods: the flag's name before this release, in the commands that results' READMEs record.
+    parser.add_argument("--verifications", "--methods",
+                        help="comma-separated verifications to show (default: all in the results); the problems "
+                             "are those every shown and reference verification finished")
     args = parser.parse_args()
     rows = load_done_rows(args.folder / RESULTS_FILE)  # a run in progress may end in a row cut short
     reference = args.reference.split(",")
-    methods = args.methods.split(",") if args.methods else list(dict.fromkeys(r["method"] for r in rows))
-    groups = quality_by_reference_agreement(rows, methods, reference)
+    verifications = (args.verifications.split(",") if args.verifications else
+                     list(dict.fromkeys(r["verification"] for r in rows)))
+    groups = quality_by_reference_agreement(rows, verifications, reference)
     headers = [f"solved by {g['solved_by']} of {len(reference)} ({g['examples']} problems)" for g in groups]
-    print(f"| method | {' | '.join(headers)} |")
+    print(f"| method | {' | '.join(headers)} |")  # as `diversed report` heads the column
     print("|---" * (len(groups) + 1) + "|")
-    for method in methods:
-        print(f"| {method} | {' | '.join(_percent(g['quality'][method]) for g in groups)} |")
+    for verification in verifications:
+        print(f"| {verification} | {' | '.join(_percent(g['quality'][verification]) for g in groups)} |")
 
 
 def _percent(quality: tuple[float, float, float] | None) -> str:

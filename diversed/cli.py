@@ -28,14 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("generate", help="generate text with a draft/target pair and a verification rule")
     gen.add_argument("prompts", nargs="*", help="prompts; '-' or none reads them from stdin, one per line")
     gen.add_argument("--file", type=Path, help="read prompts from a file: one per line, or JSONL with 'prompt'")
-    gen.add_argument("--method", default="exact",
+    gen.add_argument("--verification", default="exact", metavar="RULE",
                      help="plain (the target alone), diversed[:HEAD[@SHIFT]] (a trained head) or a rule, with its "
                           "parameter as NAME:VALUE, e.g. static:0.7, and its others as ,NAME=VALUE: "
                           + "; ".join(f"{name} ({spec.summary})" for name, spec in RULE_SPECS.items()
                                       if name != "dynamic"))
-    gen.add_argument("--head", help="a trained head for --method diversed: its folder, or the name of a head "
+    _old_spelling(gen, "--method", "--verification")
+    gen.add_argument("--head", help="a trained head for --verification diversed: its folder, or the name of a head "
                                     f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
-                                    f"{DEFAULT_HEAD}); --method diversed:HEAD@+1 shifts its logit by +1 (stricter)")
+                                    f"{DEFAULT_HEAD}); --verification diversed:HEAD@+1 shifts its logit by +1 "
+                                    "(stricter)")
     gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
     _add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
@@ -92,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_model_options(train)
     train.set_defaults(run=_train)
 
-    ev = commands.add_parser("eval", help="compare methods on a task: table, pictures, resumable, data-parallel")
+    ev = commands.add_parser("eval", help="compare verification rules on a task: table, pictures, resumable, "
+                                          "data-parallel")
     ev.add_argument("--task", required=True, help=TASK_HELP)
-    ev.add_argument("--methods", default="plain,exact,static:0.9,static:0.7,static:0.5",
+    ev.add_argument("--verifications", default="plain,exact,static:0.9,static:0.7,static:0.5", metavar="LIST",
                     help="comma-separated: plain, exact, static:W, lossy:L, cascade-*:A, typical, diversed:DIR, "
                          "and transformers' assisted generation hf-exact, hf-static:W, hf-default")
+    _old_spelling(ev, "--methods", "--verifications")
     ev.add_argument("--out", required=True, type=Path, help="folder for results.jsonl, summaries and plots")
     ev.add_argument("--resume", action="store_true", help="continue the evaluation in --out")
     ev.add_argument("--temperature", type=float, default=1.0)
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="drafted tokens per round (default 5; hf-exact drafts as many)")
     ev.add_argument("--draft-confidence", type=float, default=0.0,
                     help="stop drafting below this draft probability (default 0: a constant draft length, so that "
-                         "acceptance rates compare across methods)")
+                         "acceptance rates compare across verifications)")
     ev.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
                     help="constant (default), heuristic, or auto (the speed model; --draft-length is then the longest)")
     ev.add_argument("--drafter", choices=DRAFTERS, default="model",
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--limit", type=int, help="the first LIMIT examples of the split")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--batch-size", type=int, default=1,
-                    help="examples decoded together per method (on llama.cpp 4 raise throughput about 1.6x)")
+                    help="examples decoded together per verification (on llama.cpp 4 raise throughput about 1.6x)")
     _add_sandbox_option(ev)
     _add_model_options(ev)
     ev.set_defaults(run=_eval)
@@ -126,17 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     rep = commands.add_parser("report", help="the table and pictures of an evaluation or a head's training so far "
                                              "(running or stopped)")
     rep.add_argument("out", type=Path, help="the evaluation's or the training run's --out folder")
-    rep.add_argument("--methods", help="an evaluation's methods to report, comma-separated (default: all; the "
-                                       "examples compared are those every one of them finished)")
+    rep.add_argument("--verifications", metavar="LIST",
+                     help="an evaluation's verifications to report, comma-separated (default: all; the examples "
+                          "compared are those every one of them finished)")
+    _old_spelling(rep, "--methods", "--verifications")
     rep.add_argument("--to", type=Path, help="write the evaluation's summary and pictures here instead of into "
-                                             "OUT (a report of some methods that keeps OUT's own)")
+                                             "OUT (a report of some verifications that keeps OUT's own)")
     rep.set_defaults(run=_report)
 
     srv = commands.add_parser("serve", help="an OpenAI-compatible server with a verification dial per request")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--method", default="exact",
+    srv.add_argument("--verification", default="exact", metavar="RULE",
                      help="the rule of requests that name none (a request's 'verification' field overrides it)")
+    _old_spelling(srv, "--method", "--verification")
     srv.add_argument("--head", action="append", default=[], metavar="NAME=DIR",
                      help="load a trained head under a name that requests pick with 'head' (repeatable; the "
                           f"heads shipped for the built-in pair are loaded as {', '.join(PRETRAINED_HEADS)} and "
@@ -240,29 +247,31 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from diversed.request import Method, check_request
+    from diversed.request import Verification, check_request
 
-    method = Method.parse(args.method)
+    verification = Verification.parse(args.verification)
     if args.head is not None:  # a folder as it is: never read for a shift, whatever '@' it holds
-        if method.name != "diversed" or method.head not in (None, args.head):
-            raise ValueError(f"--head is for --method diversed without a head of its own, not {args.method!r}")
-        method = replace(method, head=args.head)
-    if method.name == "dynamic":
-        raise ValueError("method 'dynamic' takes its weights from a Python weight function; on the command line "
-                         "use --method diversed (a trained head)")
+        if verification.name != "diversed" or verification.head not in (None, args.head):
+            raise ValueError(f"--head is for --verification diversed without a head of its own, not "
+                             f"{args.verification!r}")
+        verification = replace(verification, head=args.head)
+    if verification.name == "dynamic":
+        raise ValueError("--verification dynamic takes its weights from a Python weight function; on the command "
+                         "line use --verification diversed (a trained head)")
     if args.delta is not None:
-        if method.name == "cactus":  # its own delta, the KL budget, is set as its parameter
-            raise ValueError("--delta is typical's entropy factor; cactus's budget is --method cactus:DELTA")
-        method = replace(method, delta=args.delta)
+        if verification.name == "cactus":  # its own delta, the KL budget, is set as its parameter
+            raise ValueError("--delta is typical's entropy factor; cactus's budget is --verification cactus:DELTA")
+        verification = replace(verification, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
     backend = _check_load_options(args)
     prediction = None if args.prediction is None else _read_prediction(args)
-    request = check_request(_read_prompts(args), method=method, drafter=args.drafter, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
+    request = check_request(_read_prompts(args), verification=verification, drafter=args.drafter,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
                             max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
                             seed=args.seed, prediction=prediction)
-    if method.name == "diversed":
-        head_folder(method.head)  # its files only: a missing head is refused before the models load
+    if verification.name == "diversed":
+        head_folder(verification.head)  # its files only: a missing head is refused before the models load
     if args.system is not None and not args.system.strip():
         raise ValueError("--system is empty")
     if args.stream and (args.json or args.batch_size > 1):
@@ -275,7 +284,7 @@ def _generate(args: argparse.Namespace) -> int:
     from diversed.generation import generate
 
     pair = _load(args)
-    options = dict(method=method, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
+    options = dict(verification=verification, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
                    draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
                    chat=False if args.no_chat else None, system=args.system, profile=args.profile,
@@ -302,7 +311,7 @@ def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> No
     rate = "-" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.1%}"
     print("" if streamed else c.text)
     drafted = ", ".join(f"{name} {d['accepted']}/{d['drafted']}" for name, d in m["drafters"].items()) or "none"
-    print(f"[{m['method']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
+    print(f"[{m['verification']}] {m['new_tokens']} tokens in {m['wall_time']:.2f} s "
           f"({m['tokens_per_s']:.2f} tok/s), acceptance {rate}, tau {m['tau']:.2f}; kept/drafted: {drafted}; "
           f"{m['rule_tokens']} tokens by the rule, {m['target_tokens']} by the target alone", flush=True)
     if args.profile:
@@ -323,7 +332,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     backend = _check_load_options(args)
-    config = ServerConfig(args.method, heads, args.max_batch, args.max_waiting, args.max_tokens,
+    config = ServerConfig(args.verification, heads, args.max_batch, args.max_waiting, args.max_tokens,
                           _drafting(args, DEFAULT_DRAFTING[backend]), args.model_name, args.drafter)
     serve(_load(args), config, host=args.host, port=args.port)
     return 0
@@ -361,11 +370,11 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from diversed.evaluation.report import markdown_table
-    from diversed.evaluation.run import EvalConfig, check_out_dir, evaluate, parse_methods
+    from diversed.evaluation.run import EvalConfig, check_out_dir, evaluate, parse_verifications
     from diversed.tasks import get_task
 
     _sandbox(args)
-    methods = parse_methods(args.methods)
+    verifications = parse_verifications(args.verifications)
     task = get_task(args.task)
     # Built before the models load, so that a bad setting is refused at once; the names come after.
     config = EvalConfig(args.task, temperature=args.temperature, draft_length=args.draft_length,
@@ -380,7 +389,7 @@ def _eval(args: argparse.Namespace) -> int:
     _init_distributed(args)
     pair = _load(args)
     config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)
-    summaries = evaluate(pair, task, methods, config, args.out, resume=args.resume)
+    summaries = evaluate(pair, task, verifications, config, args.out, resume=args.resume)
     if summaries:
         print(markdown_table(summaries, task.metric))
     return 0
@@ -394,8 +403,8 @@ def _report(args: argparse.Namespace) -> int:
 
     config = args.out / CONFIG_FILE
     if not config.is_file() and (args.out / LOG_FILE).is_file():  # a head's training run
-        if args.methods is not None or args.to is not None:
-            raise ValueError(f"--methods and --to are for evaluations; {args.out} holds a head's training run")
+        if args.verifications is not None or args.to is not None:
+            raise ValueError(f"--verifications and --to are for evaluations; {args.out} holds a head's training run")
         plot_training(args.out / LOG_FILE, args.out / "training.png")
         print(training_table(args.out / LOG_FILE))
         return 0
@@ -403,7 +412,7 @@ def _report(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no evaluation or training run in {args.out}: neither {CONFIG_FILE} nor "
                                 f"{LOG_FILE} is there")
     metric = get_task(json.loads(config.read_text())["task"]).metric
-    print(markdown_table(report(args.out, metric, args.methods, args.to), metric))
+    print(markdown_table(report(args.out, metric, args.verifications, args.to), metric))
     return 0
 
 

@@ -11,7 +11,7 @@ from diversed.decoding.policy import WeightFn
 from diversed.decoding.provenance import records
 from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, DraftLength, Method, check_request
+from diversed.request import DEFAULT_DRAFTING, DraftLength, Verification, check_request, renamed_keywords
 from diversed.text import StreamedText, TokenTexts, cut_at_stop, encode_prompt, stop_checker
 
 
@@ -34,11 +34,12 @@ class Completion:
             ({} if self.provenance is None else {"provenance": self.provenance})
 
 
+@renamed_keywords(method="verification")
 def generate(
     pair: Pair,
     prompts: str | Sequence[str | list[dict]],
     *,
-    method: str | Method = "exact",
+    verification: str | Verification = "exact",
     drafter: str = "auto",
     temperature: float = 1.0,
     top_k: int = 0,
@@ -59,9 +60,9 @@ def generate(
     provenance: bool = False,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
-    with the pair and a method ("plain", "exact", "static:0.7",
+    with the pair and a verification ("plain", "exact", "static:0.7",
     "diversed:HEAD" with a head's folder or a shipped head's name, ...). weight_fn overrides the head of a
-    "diversed" method (or drives "dynamic").
+    "diversed" verification (or drives "dynamic").
 
     drafter: what proposes the drafts (diversed.decoding.drafters): "auto" (each round the fastest of copying
     from the text so far and earlier outputs, the draft model, or none, under the auto schedule), "model",
@@ -83,13 +84,13 @@ def generate(
     drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
     alone, with the probabilities behind it (diversed.decoding.provenance).
     """
-    request = check_request(prompts, method=method, drafter=drafter, temperature=temperature, top_k=top_k,
-                            top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop,
-                            batch_size=batch_size, seed=seed, prediction=prediction)
-    prompts, method, stop = request.prompts, request.method, request.stop
+    request = check_request(prompts, verification=verification, drafter=drafter, temperature=temperature,
+                            top_k=top_k, top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens,
+                            stop=stop, batch_size=batch_size, seed=seed, prediction=prediction)
+    prompts, verification, stop = request.prompts, request.verification, request.stop
     draft_length = DEFAULT_DRAFTING[pair.backend] if request.draft_length is None else request.draft_length
-    if method.name == "diversed" and weight_fn is None:
-        weight_fn = load_head(pair, method.head)
+    if verification.name == "diversed" and weight_fn is None:
+        weight_fn = load_head(pair, verification.head)
     tokenizer = pair.tokenizer
     if (chat or (chat is None and any(isinstance(p, list) for p in prompts))) and tokenizer.chat_template is None:
         raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False and text "
@@ -111,7 +112,7 @@ def generate(
     completions, cache = [], SuffixCache() if cache is None else cache
     for start in range(0, len(prompts), batch_size):
         batch = slice(start, start + batch_size)
-        out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, method=method,
+        out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, verification=verification,
                      sampling=request.sampling, draft_length=draft_length,
                      max_new_tokens=max_new_tokens or max(1, context_room(
                          (pair.target, pair.draft), max(map(len, ids[batch])), draft_length.longest)),
@@ -126,7 +127,8 @@ def generate(
             text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
             if on_text is not None and (rest := streams[i].add([], final=True)):
                 on_text(i, rest)
-            metrics = {**stats.to_dict(), "method": method.label} | ({"profile": out.profile} if profile else {})
+            metrics = {**stats.to_dict(), "verification": verification.label} | (
+                {"profile": out.profile} if profile else {})
             if predicted[i] is not None:
                 accepted, rejected = prediction_tokens(predicted[i], tokens)
                 metrics |= {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}

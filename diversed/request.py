@@ -1,7 +1,7 @@
-"""What a user asks of a generation, checked once at the edge that received it: the method (a verification
-rule with all its parameters, a trained head with its dial, or the target alone), the drafter and the
-drafting. It imports no torch, so the command line and the server refuse a bad request before anything heavy
-loads, with an error that names what was wrong.
+"""What a user asks of a generation, checked once at the edge that received it: the verification (a rule
+with all its parameters, a trained head with its dial, or the target alone), the drafter and the drafting.
+It imports no torch, so the command line and the server refuse a bad request before anything heavy loads,
+with an error that names what was wrong.
 
 Every rule is named here once, with its parameters and their ranges (RULE_SPECS); diversed.verify gives each
 one its math under the same name.
@@ -9,6 +9,7 @@ one its math under the same name.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 class RequestError(ValueError):
     """A value of a request that cannot be used. `field` is the request's own name for it (generate()'s
-    argument: "temperature", "max_new_tokens", "method", "prompt", ...); the message holds "{}" where the field
+    argument: "temperature", "max_new_tokens", "verification", "prompt", ...); the message holds "{}" where the field
     is named, so that each edge says it in its own words (`message_for`): a flag on the command line, a body
     field on the server."""
 
@@ -83,7 +84,7 @@ class RuleSpec:
 
     @property
     def optional(self) -> bool:
-        """Whether the name alone is a complete method: its first parameter has a default ("typical")."""
+        """Whether the name alone is a complete verification: its first parameter has a default ("typical")."""
         return bool(self.parameters) and self.parameters[0] in self.defaults
 
     def range(self, parameter: str) -> Range:
@@ -170,22 +171,22 @@ class Sampling:
         return self.temperature == 0
 
 
-METHODS = ("plain", *RULE_SPECS, "diversed")
-# Old spellings that still work for one release, with a warning. The target alone was method "auto", the name
-# the drafter and the draft schedule use for the speed model's choice each round; it is "plain" decoding now.
-RENAMED_METHODS = {"auto": "plain"}
+VERIFICATIONS = ("plain", *RULE_SPECS, "diversed")
+# Old spellings that still work for one release, with a warning. The target alone was verification "auto", the
+# name the drafter and the draft schedule use for the speed model's choice each round; it is "plain" now.
+RENAMED_VERIFICATIONS = {"auto": "plain"}
 # What proposes the drafts (diversed.decoding.drafters): the speed model's choice each round, the draft model,
 # prompt lookup, the suffix cache or the request's prediction (Predicted Outputs).
 DRAFTERS = ("auto", "model", "lookup", "suffix", "prediction")
 SCHEDULES = ("constant", "heuristic", "auto")
 
 
-# The parameter each method's compact "name:value" form sets: its rule's first.
+# The parameter each verification's compact "name:value" form sets: its rule's first.
 _FIRST = {name: spec.parameters[0] for name, spec in RULE_SPECS.items() if spec.parameters} | {"diversed": "head"}
 
 
 @dataclass(frozen=True)
-class Method:
+class Verification:
     """Which decoding to run: "plain" (the target alone) or a verification rule with its parameters.
 
     "dynamic" takes its weights from a weight function given to the decoder; "diversed" is "dynamic" with
@@ -209,31 +210,31 @@ class Method:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", _current_name(self.name))
-        if self.name not in METHODS:
-            raise RequestError("method", f"{{}} must be one of {METHODS}, got {self.name!r}")
+        if self.name not in VERIFICATIONS:
+            raise RequestError("verification", f"{{}} must be one of {VERIFICATIONS}, got {self.name!r}")
         if self.shift is not None and (self.name != "diversed" or not math.isfinite(self.shift)):
-            raise RequestError("method", f"a head's shift is for {{}} 'diversed' and a finite number of logits, "
-                                         f"got {self.shift!r} for {self.name!r}")
+            raise RequestError("verification", f"a head's shift is for {{}} 'diversed' and a finite number of "
+                                               f"logits, got {self.shift!r} for {self.name!r}")
         if self.rule not in (None, "dynamic"):
             try:
                 check_rule_parameters(self.rule, self.verify_params())
             except ValueError as error:
-                raise RequestError("method", f"{{}} {self.name!r}: {error}") from None
+                raise RequestError("verification", f"{{}} {self.name!r}: {error}") from None
         elif given := self.verify_params():  # the target alone verifies nothing; a head gives every weight
-            raise RequestError("method", f"{{}} {self.name!r} takes no {', '.join(given)}")
+            raise RequestError("verification", f"{{}} {self.name!r} takes no {', '.join(given)}")
 
     @classmethod
-    def parse(cls, text: str) -> Method:
+    def parse(cls, text: str) -> Verification:
         """'plain', 'exact', 'static:0.7', 'lossy:0.3', 'cascade-opt:0.2', 'typical:0.09', 'diversed:DIR',
         'diversed:DIR@+1' (the head shifted by +1 logit; 'diversed:@+1': the default head shifted); a rule's
         other parameters follow by name: 'lossy-entropy:0.5,entropy_threshold=1.2', 'judi:0.1,max_confidence=0.8',
         'typical:0.09,delta=0.5'."""
         name, _, value = text.partition(":")
         name = _current_name(name)
-        if not value or name not in METHODS:
+        if not value or name not in VERIFICATIONS:
             return cls(name)  # an unknown name is refused as such, whatever follows it
         if name not in _FIRST:
-            raise RequestError("method", f"{{}} {name!r} takes no parameter, got {text!r}")
+            raise RequestError("verification", f"{{}} {name!r} takes no parameter, got {text!r}")
         try:
             if name == "diversed":
                 head, shift = _head_and_shift(value)
@@ -250,7 +251,7 @@ class Method:
         except RequestError:  # a value out of its range: it says so itself
             raise
         except ValueError as err:
-            raise RequestError("method", f"cannot read {{}} {text!r}: {err}") from None
+            raise RequestError("verification", f"cannot read {{}} {text!r}: {err}") from None
 
     @property
     def rule(self) -> str | None:
@@ -271,17 +272,45 @@ class Method:
         return ",".join([f"{self.name}:{value}", *others])
 
     def verify_params(self) -> dict:
-        """The keyword arguments of verify() that this method sets."""
+        """The keyword arguments of verify() that this verification sets."""
         return {k: v for k, v in asdict(self).items() if k not in ("name", "head", "shift") and v is not None}
 
 
 def _current_name(name: str) -> str:
-    """A method's name as it is now spelled; an old spelling (RENAMED_METHODS) with a warning."""
-    if name not in RENAMED_METHODS:
+    """A verification's name as it is now spelled; an old spelling (RENAMED_VERIFICATIONS) with a warning."""
+    if name not in RENAMED_VERIFICATIONS:
         return name
-    warnings.warn(f"method {name!r} is now {RENAMED_METHODS[name]!r} (the target alone); {name!r} stops working "
-                  "in the next release", FutureWarning, stacklevel=4)
-    return RENAMED_METHODS[name]
+    warn_renamed(f"verification {name!r}", f"{RENAMED_VERIFICATIONS[name]!r} (the target alone)", stacklevel=5)
+    return RENAMED_VERIFICATIONS[name]
+
+
+def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """A FutureWarning that `old` is now spelled `new`: the old spelling works for one release more.
+    stacklevel: warnings.warn's, from this function (the default, 3, names the line that called its caller)."""
+    warnings.warn(f"{old} is now {new}; {old} stops working in the next release", FutureWarning,
+                  stacklevel=stacklevel)
+
+
+def renamed_keywords(**new_names: str):
+    """A decorator: a function's keyword arguments under their old names (old=new) still work for one release,
+    with a FutureWarning. On a class, its __init__'s (a dataclass's fields)."""
+    def wrap(function):
+        if isinstance(function, type):
+            function.__init__ = wrap(function.__init__)
+            return function
+        name = function.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            for old, new in new_names.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{name}() got {old}= and {new}=, two spellings of one argument: give {new}=")
+                    warn_renamed(f"{name}({old}=)", f"{name}({new}=)")
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+        return call
+    return wrap
 
 
 def _head_and_shift(value: str) -> tuple[str | None, float | None]:
@@ -355,19 +384,18 @@ class Request:
     another form than the one given (integer arguments stay as they were)."""
 
     prompts: list[str | list[dict]]
-    method: Method
+    verification: Verification
     sampling: Sampling
     draft_length: DraftLength | None
     stop: tuple[str, ...]
     predictions: list[str | None]  # one per prompt: what its answer is expected to repeat (Predicted Outputs)
 
 
-def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Method = "exact", drafter: str = "auto",
-                  temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, draft_length: int | DraftLength | None = None,
-                  max_new_tokens: int | None = None, stop: str | Sequence[str] = (), batch_size: int = 1,
-                  seed: int = 0, prediction: str | Sequence[str | None] | None = None
-                  ) -> Request:
+def check_request(prompts: str | Sequence[str | list[dict]], *, verification: str | Verification = "exact",
+                  drafter: str = "auto", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  draft_length: int | DraftLength | None = None, max_new_tokens: int | None = None,
+                  stop: str | Sequence[str] = (), batch_size: int = 1, seed: int = 0,
+                  prediction: str | Sequence[str | None] | None = None) -> Request:
     """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
     model loads): a RequestError names the argument, the value and what is accepted. A head is a name here:
     whoever loads it finds it (diversed.head.names.head_folder, cheap enough to call first)."""
@@ -379,10 +407,11 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
             _check_conversation("prompt", f"{{}} {number}", prompt)
         else:
             _check_text("prompt", f"{{}} {number}", prompt)
-    if not isinstance(method, Method):
-        if not isinstance(method, str):
-            raise RequestError("method", f"{{}} must be a string like 'exact' or 'static:0.7', got {_show(method)}")
-        method = Method.parse(method)
+    if not isinstance(verification, Verification):
+        if not isinstance(verification, str):
+            raise RequestError("verification", f"{{}} must be a string like 'exact' or 'static:0.7', got "
+                                               f"{_show(verification)}")
+        verification = Verification.parse(verification)
     if drafter not in DRAFTERS:
         raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(drafter)}")
     for name, value in (("temperature", temperature), ("top_p", top_p)):
@@ -400,15 +429,15 @@ def check_request(prompts: str | Sequence[str | list[dict]], *, method: str | Me
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     for number, text in enumerate(stop, 1):
         _check_text("stop", f"{{}} string {number}", text)
-    return Request(list(prompts), method, Sampling(temperature, top_k, top_p),
+    return Request(list(prompts), verification, Sampling(temperature, top_k, top_p),
                    DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
-                   stop, check_predictions(prediction, len(prompts), method, drafter))
+                   stop, check_predictions(prediction, len(prompts), verification, drafter))
 
 
-def check_predictions(prediction: str | Sequence[str | None] | None, count: int, method: Method, drafter: str
-                      ) -> list[str | None]:
+def check_predictions(prediction: str | Sequence[str | None] | None, count: int, verification: Verification,
+                      drafter: str) -> list[str | None]:
     """One prediction per prompt (a string is every prompt's; None: none), and only where it is drafted from:
-    by the drafter "auto" or "prediction", for a method that verifies drafts (a mixture head's, which verifies
+    by the drafter "auto" or "prediction", for a verification that checks drafts (a mixture head's, which verifies
     the draft model's only, is refused where the head is known: diversed.decoding.engine.Batch.check)."""
     predictions = [prediction] * count if prediction is None or isinstance(prediction, str) else list(prediction)
     if len(predictions) != count:
@@ -422,8 +451,8 @@ def check_predictions(prediction: str | Sequence[str | None] | None, count: int,
         raise RequestError("drafter", "{} 'prediction' drafts from a prediction: give one for every prompt")
     if given and drafter not in ("auto", "prediction"):
         raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")
-    if given and method.name == "plain":
-        raise RequestError("prediction", "method 'plain' decodes with the target alone: a {} would go unused")
+    if given and verification.name == "plain":
+        raise RequestError("prediction", "verification 'plain' decodes with the target alone: a {} would go unused")
     return predictions
 
 

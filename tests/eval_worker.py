@@ -9,14 +9,14 @@ from diversed.evaluation.run import EvalConfig, evaluate
 
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
 
-METHODS = ["plain", "exact", "static:0.5", "static:0.2"]
+VERIFICATIONS = ["plain", "exact", "static:0.5", "static:0.2"]
 CONFIG = EvalConfig("toy", temperature=1.0, draft_length=3, max_new_tokens=10, seed=3)
 
 
 def main(out_dir: str) -> None:
     if not dist.is_initialized() and len(sys.argv) > 2 and sys.argv[2] == "--distributed":
         dist.init_process_group("gloo")
-    evaluate(toy_pair(), ToyTask(share_of_draft_tokens, size=7), METHODS, CONFIG, out_dir, progress=False)
+    evaluate(toy_pair(), ToyTask(share_of_draft_tokens, size=7), VERIFICATIONS, CONFIG, out_dir, progress=False)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ from diversed.decoding.profile import PHASES
 from diversed.models.loading import load_pair
 from diversed.models.options import QUANTIZATIONS
 from diversed.models.quantize import quantize_linears
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 
 from tiny import perturbed, tiny_gguf, tiny_model
 
@@ -93,10 +93,11 @@ def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
     front), each with its own rule, leaving as they finish, equal their solo runs at T = 0."""
     models, _ = backend
     target, draft = models["target"], models["close"]
-    methods = [Method("exact"), Method("static", weight=0.5), Method("plain"), Method("lossy", lenience=0.5)]
+    verifications = [Verification("exact"), Verification("static", weight=0.5), Verification("plain"),
+                     Verification("lossy", lenience=0.5)]
     batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
-    jobs = [Job(prompt, Policy(method, GREEDY), max_new_tokens=10 + 4 * i)
-            for i, (prompt, method) in enumerate(zip(PROMPTS, methods, strict=True))]
+    jobs = [Job(prompt, Policy(verification, GREEDY), max_new_tokens=10 + 4 * i)
+            for i, (prompt, verification) in enumerate(zip(PROMPTS, verifications, strict=True))]
     waiting, rounds = list(jobs), 0
     while waiting or batch.jobs:
         if waiting and rounds % 2 == 0 and len(batch.jobs) < batch.capacity:
@@ -104,7 +105,7 @@ def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
         batch.step()
         rounds += 1
     for job in jobs:
-        alone = decode(target, [job.prompt], draft=draft, method=job.policy.method, sampling=GREEDY,
+        alone = decode(target, [job.prompt], draft=draft, verification=job.policy.verification, sampling=GREEDY,
                        draft_length=3, max_new_tokens=job.max_new_tokens)
         assert job.tokens == alone.tokens[0]
 
@@ -119,21 +120,21 @@ def test_hidden_states_are_the_last_layer_after_the_final_norm(files):
 
 
 @pytest.mark.parametrize("draft", ["close", "unrelated"])
-@pytest.mark.parametrize("method", [Method("exact"), Method("static", weight=0.5)])
-def test_greedy_batches_with_rows_that_keep_different_counts(backend, draft, method):
+@pytest.mark.parametrize("verification", [Verification("exact"), Verification("static", weight=0.5)])
+def test_greedy_batches_with_rows_that_keep_different_counts(backend, draft, verification):
     """Exact writes the target's own greedy tokens; every rule's batch equals its rows run alone."""
     models, _ = backend
     target = models["target"]
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=20)
-    out = decode(target, PROMPTS, draft=models[draft], method=method, sampling=GREEDY, draft_length=4,
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=20)
+    out = decode(target, PROMPTS, draft=models[draft], verification=verification, sampling=GREEDY, draft_length=4,
                  max_new_tokens=20)
-    if method.name == "exact":
+    if verification.name == "exact":
         assert out.tokens == plain.tokens
     kept = {s.accepted for s in out.stats}
     assert len(kept) > 1 or draft == "unrelated"
     for prompt, tokens in zip(PROMPTS, out.tokens, strict=True):
-        alone = decode(target, [prompt], draft=models[draft], method=method, sampling=GREEDY, draft_length=4,
-                       max_new_tokens=20)
+        alone = decode(target, [prompt], draft=models[draft], verification=verification, sampling=GREEDY,
+                       draft_length=4, max_new_tokens=20)
         assert alone.tokens[0] == tokens
 
 
@@ -149,8 +150,8 @@ def test_exact_sampling_on_llama_cpp_gives_the_target_distribution(tmp_path):
     llama_draft = LlamaCppModel(tiny_gguf(draft, tmp_path / "d.gguf"))
     first = []
     for seed in range(30):  # 200 rows a call: a llama.cpp context holds at most 256 sequences
-        out = decode(llama_target, [[1, 2, 3]] * 200, draft=llama_draft, method=Method("exact"), draft_length=2,
-                     max_new_tokens=2, seed=seed)
+        out = decode(llama_target, [[1, 2, 3]] * 200, draft=llama_draft, verification=Verification("exact"),
+                     draft_length=2, max_new_tokens=2, seed=seed)
         first += [t[0] for t in out.tokens]
     empirical = torch.bincount(torch.tensor(first), minlength=12) / len(first)
     assert 0.5 * (empirical - p).abs().sum() < 0.04
@@ -164,8 +165,9 @@ def test_dynamic_rule_gets_both_hidden_states_and_profile_splits_time(backend):
         seen.append((h_draft.shape, h_target.shape))
         return torch.full(h_draft.shape[:2], 0.5)
 
-    out = decode(models["target"], PROMPTS, draft=models["close"], method=Method("dynamic"), weight_fn=weight_fn,
-                 sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8, profile=True)
+    out = decode(models["target"], PROMPTS, draft=models["close"], verification=Verification("dynamic"),
+                 weight_fn=weight_fn, sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8,
+                 profile=True)
     assert seen[0] == ((4, 3, 64), (4, 3, 64))
     assert out.profile["draft forward"] > 0 and out.profile["head"] > 0
     assert sum(out.profile[phase] for phase in PHASES) == pytest.approx(out.profile["total"])
@@ -201,11 +203,11 @@ def test_generate_command_on_gguf_files(files, capsys):
     _, target = files["target"]
     _, draft = files["close"]
     outputs = {}
-    for method in ("plain", "exact"):
-        code = main(["generate", "--draft", draft, "--target", target, "--json", "--method", method,
+    for verification in ("plain", "exact"):
+        code = main(["generate", "--draft", draft, "--target", target, "--json", "--verification", verification,
                      "--temperature", "0", "--max-new-tokens", "12", "--no-chat", "hello world"])
         assert code == 0
-        outputs[method] = json.loads(capsys.readouterr().out)
+        outputs[verification] = json.loads(capsys.readouterr().out)
     assert outputs["exact"]["text"] == outputs["plain"]["text"] and outputs["exact"]["new_tokens"] == 12
 
 
@@ -221,8 +223,8 @@ def test_hidden_states_on_change_no_row_of_the_logits(backend):
         alone = target.rows(1).feed([prompt], 2, hidden=True)[0][0]
         torch.testing.assert_close(states[row], alone, atol=atol, rtol=0)
     greedy = dict(sampling=GREEDY, draft_length=3, max_new_tokens=16)
-    exact = decode(target, PROMPTS, draft=models["close"], method=Method("exact"), **greedy)
-    ones = decode(target, PROMPTS, draft=models["close"], method=Method("dynamic"),
+    exact = decode(target, PROMPTS, draft=models["close"], verification=Verification("exact"), **greedy)
+    ones = decode(target, PROMPTS, draft=models["close"], verification=Verification("dynamic"),
                   weight_fn=lambda h_draft, h_target: torch.ones(h_draft.shape[:2]), **greedy)
     assert ones.tokens == exact.tokens
 
@@ -240,7 +242,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
     models, atol = backend
     target, draft = models["target"], models["close"]
     traces = [Trace() for _ in PROMPTS]
-    out = decode(target, PROMPTS, draft=draft, method=Method("dynamic"), sampling=Sampling(1.0),
+    out = decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), sampling=Sampling(1.0),
                  weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
                  max_new_tokens=11, eos_token_ids=[4], seed=2,
                  on_round=lambda i, result, row, count: traces[i].add(result, row, count))

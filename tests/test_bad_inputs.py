@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from diversed.cli import main
-from diversed.evaluation.run import EvalConfig, parse_methods
+from diversed.evaluation.run import EvalConfig, parse_verifications
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.options import check_load_options
-from diversed.request import DraftLength, Method, Sampling, check_request
+from diversed.request import DraftLength, Sampling, Verification, check_request
 from diversed.tasks import get_task
 
 from tiny import save_tiny_pair, tiny_gguf, tiny_model, word_tokenizer
@@ -97,23 +97,24 @@ GENERATE = [
                                                 ("2.5", "invalid int"))],
     *[(["--batch-size", v], "--batch-size") for v in ("0", "-1")],
     *[(["--seed", v], m) for v, m in (("-1", "seed"), (str(2**70), "seed"), ("x", "invalid int"))],
-    *[(["--method", "typical", "--delta", v], "delta") for v in ("0", "-1", "nan", "inf")],
-    *[(["--method", m], e) for m, e in (
-        ("banana", "method must be one of"), ("", "method must be one of"), ("static", "needs weight"),
-        ("static:abc", "cannot read --method"), ("static:nan", "weight must be in"),
+    *[(["--verification", "typical", "--delta", v], "delta") for v in ("0", "-1", "nan", "inf")],
+    *[(["--verification", m], e) for m, e in (
+        ("banana", "--verification must be one of"), ("", "--verification must be one of"), ("static", "needs weight"),
+        ("static:abc", "cannot read --verification"), ("static:nan", "weight must be in"),
         ("static:inf", "weight must be in"),
         ("static:-0.1", "weight must be in"), ("static:1.5", "weight must be in"), ("lossy:1", "lenience"),
         ("lossy:-0.5", "lenience"), ("cascade-opt:2", "alpha"), ("cascade-chow:nan", "alpha"),
         ("cascade-token:-1", "alpha"), ("typical:0", "epsilon"), ("typical:-1", "epsilon"),
         ("typical:inf", "epsilon"), ("exact:0.5", "takes no parameter"), ("plain:1", "takes no parameter"),
         ("dynamic", "weight function"))],
-    (["--head", "{root}"], "--head is for --method diversed"),
-    (["--method", "diversed:gsm8k@+1", "--head", "{root}"], "--head is for --method diversed without a head"),
-    (["--method", "bogus:1"], "method must be one of"),
-    (["--method", "diversed:gsm8k@nan"], "finite number"),
-    *[(["--method", m, "--delta", "0.5"], "takes no delta") for m in ("diversed", "plain")],
-    (["--method", "cactus:0.1", "--delta", "0.5"], "cactus:DELTA"),
-    *[(["--method", m], e) for m, e in (
+    (["--head", "{root}"], "--head is for --verification diversed"),
+    (["--verification", "diversed:gsm8k@+1", "--head", "{root}"],
+     "--head is for --verification diversed without a head"),
+    (["--verification", "bogus:1"], "--verification must be one of"),
+    (["--verification", "diversed:gsm8k@nan"], "finite number"),
+    *[(["--verification", m, "--delta", "0.5"], "takes no delta") for m in ("diversed", "plain")],
+    (["--verification", "cactus:0.1", "--delta", "0.5"], "cactus:DELTA"),
+    *[(["--verification", m], e) for m, e in (
         ("cactus:-1", "delta"), ("judi:-0.1", "epsilon"), ("lossy-entropy:1", "lenience"))],
     (["--draft-schedule", "banana"], "invalid choice"),
     (["--draft-schedule", "auto", "--draft-length", "40"], "--draft-length"),
@@ -203,10 +204,10 @@ LATE = [
     (["--draft", "{text.gguf}", "--target", "{gguf}"], "cannot"),
     (["--draft", "{draft}", "--target", "{target}", "--max-new-tokens", "100000"], "context"),
     (["--draft", "{draft}", "--target", "{target}", "--draft-length", "1000000"], "context"),
-    (["--draft", "{draft}", "--target", "{target}", "--method", "diversed", "--head", "{missing}"],
+    (["--draft", "{draft}", "--target", "{target}", "--verification", "diversed", "--head", "{missing}"],
      "no head checkpoint"),
-    (["--draft", "{draft}", "--target", "{target}", "--method", "diversed", "--head", "{head}"], "corrupt head"),
-    (["--draft", "{draft}", "--target", "{target}", "--method", "diversed"], "trained for"),
+    (["--draft", "{draft}", "--target", "{target}", "--verification", "diversed", "--head", "{head}"], "corrupt head"),
+    (["--draft", "{draft}", "--target", "{target}", "--verification", "diversed"], "trained for"),
 ]
 
 
@@ -232,11 +233,11 @@ EVAL = [
     (["--split", "banana"], "split"),
     (["--task", "banana"], "unknown task"),
     (["--task", "jsonl:{missing}"], "not found"),
-    (["--methods", ""], "no methods"),
-    (["--methods", "plain,banana"], "method must be one of"),
-    (["--methods", "exact,exact"], "listed twice"),
-    (["--methods", "static:2"], "weight must be in"),
-    (["--methods", "hf-static:1.5"], "hf-static:W"),
+    (["--verifications", ""], "no verifications"),
+    (["--verifications", "plain,banana"], "verification must be one of"),
+    (["--verifications", "exact,exact"], "listed twice"),
+    (["--verifications", "static:2"], "weight must be in"),
+    (["--verifications", "hf-static:1.5"], "hf-static:W"),
     (["--out", "{file.txt}"], "is a file"),
     (["--out", "{file.txt}/sub"], "is a file"),
 ]
@@ -252,7 +253,7 @@ def run_with_defaults(command: str, args: list[str], defaults: dict[str, str], f
 
 @pytest.mark.parametrize(("args", "message"), EVAL, ids=[" ".join(a) for a, _ in EVAL])
 def test_eval_refuses_before_loading_and_writes_nothing(files, capsys, no_loading, tmp_path, args, message):
-    defaults = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--methods": "plain,exact"}
+    defaults = {"--task": "humaneval", "--out": str(tmp_path / "out"), "--verifications": "plain,exact"}
     code, err = run_with_defaults("eval", args, defaults, files, capsys)
     assert code == 2 and message in err, err
     assert not (tmp_path / "out").exists()
@@ -308,20 +309,20 @@ API = [
     (lambda: check_request("x", batch_size=0), "batch_size"),
     (lambda: check_request("x", seed=-1), "seed"),
     (lambda: check_request("x", seed=2**64), "seed"),
-    (lambda: check_request("x", method="banana"), "method must be one of"),
-    (lambda: check_request("x", method=5), "method must be a string"),
+    (lambda: check_request("x", verification="banana"), "verification must be one of"),
+    (lambda: check_request("x", verification=5), "verification must be a string"),
     (lambda: check_request("x", draft_length=0), "draft_length"),
     (lambda: check_request("x", draft_length=1.5), "draft_length"),
     (lambda: check_request("x", stop=[""]), "stop string 1 is empty"),
     (lambda: check_request("x", stop=[None]), "stop string 1 must be a string"),
-    (lambda: Method.parse("static:"), "needs weight"),
-    (lambda: Method("static", weight=float("nan")), "weight must be in"),
-    (lambda: Method("lossy", lenience=1.0), "lenience"),
-    (lambda: Method("exact", weight=0.5), "does not apply"),
-    (lambda: Method("typical", epsilon=0.0), "epsilon"),
-    (lambda: Method("static", weight=0.5, shift=1.0), "shift is for method 'diversed'"),
-    (lambda: Method.parse("diversed:gsm8k@nan"), "finite number"),
-    (lambda: Method.parse("static:0.7@+1"), "cannot read method"),
+    (lambda: Verification.parse("static:"), "needs weight"),
+    (lambda: Verification("static", weight=float("nan")), "weight must be in"),
+    (lambda: Verification("lossy", lenience=1.0), "lenience"),
+    (lambda: Verification("exact", weight=0.5), "does not apply"),
+    (lambda: Verification("typical", epsilon=0.0), "epsilon"),
+    (lambda: Verification("static", weight=0.5, shift=1.0), "shift is for verification 'diversed'"),
+    (lambda: Verification.parse("diversed:gsm8k@nan"), "finite number"),
+    (lambda: Verification.parse("static:0.7@+1"), "cannot read verification"),
     (lambda: Sampling(temperature=math.inf), "temperature"),
     (lambda: Sampling(top_p=1.5), "top_p"),
     (lambda: DraftLength(0), "draft_length"),
@@ -342,9 +343,9 @@ API = [
     (lambda: EvalConfig("humaneval", seed=-3), "seed"),
     (lambda: EvalConfig("humaneval", seed=2**32), "seed"),
     (lambda: TrainConfig(seed=2**32), "seed"),
-    (lambda: Method("plain", weight=0.5), "takes no weight"),
-    (lambda: Method("diversed", weight=0.3), "takes no weight"),
-    (lambda: parse_methods(["exact", "static:x"]), "cannot read method"),
+    (lambda: Verification("plain", weight=0.5), "takes no weight"),
+    (lambda: Verification("diversed", weight=0.3), "takes no weight"),
+    (lambda: parse_verifications(["exact", "static:x"]), "cannot read verification"),
     (lambda: TrainConfig(lam=math.inf), "lambda"),
     (lambda: TrainConfig(lam=-0.1), "lambda"),
     (lambda: TrainConfig(lr=math.nan), "lr"),
@@ -372,11 +373,11 @@ def test_inputs_that_are_fine_give_the_right_result():
     request = check_request("t3", stop="t5", temperature=0, top_k=0, seed=0)
     assert request.stop == ("t5",) and request.sampling.greedy and request.prompts == ["t3"]
     assert check_request(["a\x00b", "x" * 100_000]).prompts == ["a\x00b", "x" * 100_000]
-    assert Method.parse("static:0").weight == 0.0 and Method.parse("static:1").weight == 1.0
-    assert Method.parse("diversed:gsm8k@+1") == Method("diversed", head="gsm8k", shift=1.0)
-    assert Method.parse("diversed:@-0.5") == Method("diversed", shift=-0.5)
-    assert Method.parse("diversed:runs@v2/head").head == "runs@v2/head"  # '@' without a number is the folder's
-    assert [Method.parse(t).label for t in ("diversed:x@1.50", "diversed:@-2", "diversed:x")] == \
+    assert Verification.parse("static:0").weight == 0.0 and Verification.parse("static:1").weight == 1.0
+    assert Verification.parse("diversed:gsm8k@+1") == Verification("diversed", head="gsm8k", shift=1.0)
+    assert Verification.parse("diversed:@-0.5") == Verification("diversed", shift=-0.5)
+    assert Verification.parse("diversed:runs@v2/head").head == "runs@v2/head"  # '@' without a number is the folder's
+    assert [Verification.parse(t).label for t in ("diversed:x@1.50", "diversed:@-2", "diversed:x")] == \
         ["diversed:x@+1.5", "diversed:@-2", "diversed:x"]
     assert check_load_options(None, None) == "llama.cpp"
 
@@ -386,11 +387,11 @@ SERVE = [
     (["--head", "flat={missing}"], "no head checkpoint"),
     (["--port", "0"], "--port"),
     (["--port", "70000"], "--port"),
-    (["--method", "dynamic"], "weight function"),
-    (["--method", "strict"], "method must be one of"),
-    (["--method", "static:2"], "static"),
-    (["--method", "diversed:nothere"], "no head named 'nothere'"),
-    (["--method", "diversed:nothere", "--head", "flat={head}"], "no head named 'nothere'"),
+    (["--verification", "dynamic"], "weight function"),
+    (["--verification", "strict"], "--verification must be one of"),
+    (["--verification", "static:2"], "static"),
+    (["--verification", "diversed:nothere"], "no head named 'nothere'"),
+    (["--verification", "diversed:nothere", "--head", "flat={head}"], "no head named 'nothere'"),
     (["--max-batch", "0"], "max_batch"),
     (["--max-waiting", "-1"], "max_waiting"),
     (["--max-tokens", "0"], "max_tokens"),
@@ -406,8 +407,8 @@ def test_serve_refuses_before_loading(files, capsys, no_loading, args, message):
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--head", "flat={head}"], "corrupt head"),
-                                               (["--method", "diversed:gsm8k"], "fit the built-in pair only"),
-                                               (["--method", "diversed"], "no head fits this pair")])
+                                               (["--verification", "diversed:gsm8k"], "fit the built-in pair only"),
+                                               (["--verification", "diversed"], "no head fits this pair")])
 def test_serve_refuses_bad_heads_once_the_models_load(files, capsys, args, message):
     code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
     assert code == 2 and message in err and "Traceback" not in err, err
@@ -418,7 +419,7 @@ def test_report_refuses_a_folder_without_an_evaluation(files, capsys):
     assert code == 2 and "no evaluation" in err and "Traceback" not in err
 
 
-def test_report_refuses_methods_for_a_training_run(tmp_path, capsys):
+def test_report_refuses_verifications_for_a_training_run(tmp_path, capsys):
     (tmp_path / "log.jsonl").write_text("")
-    code, err = run(["report", str(tmp_path), "--methods", "exact"], capsys)
-    assert code == 2 and "--methods and --to are for evaluations" in err and "Traceback" not in err
+    code, err = run(["report", str(tmp_path), "--verifications", "exact"], capsys)
+    assert code == 2 and "--verifications and --to are for evaluations" in err and "Traceback" not in err

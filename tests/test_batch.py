@@ -11,14 +11,14 @@ from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.models.quantize import quantize_linears
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
 GREEDY = Sampling(0)
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7], [8, 8, 4, 6], [6, 2, 8, 3]]
-METHODS = [Method("exact"), Method("static", weight=0.4), Method("lossy", lenience=0.5), Method("plain"),
-           Method("cascade-opt", alpha=0.2), Method("typical")]
+VERIFICATIONS = [Verification("exact"), Verification("static", weight=0.4), Verification("lossy", lenience=0.5),
+                 Verification("plain"), Verification("cascade-opt", alpha=0.2), Verification("typical")]
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +27,20 @@ def models():
     return as_model(target), as_model(perturbed(target, 0.05, 1))
 
 
-def alone(models, prompt, method, max_new_tokens=20, draft_length=DraftLength(3)) -> list[int]:
+def alone(models, prompt, verification, max_new_tokens=20, draft_length=DraftLength(3)) -> list[int]:
     target, draft = models
-    return decode(target, [prompt], draft=draft, method=method, sampling=GREEDY, draft_length=draft_length,
+    return decode(target, [prompt], draft=draft, verification=verification, sampling=GREEDY, draft_length=draft_length,
                   max_new_tokens=max_new_tokens).tokens[0]
 
 
-def job(prompt, method, max_new_tokens=20, **policy) -> Job:
-    return Job(list(prompt), Policy(method, GREEDY, torch.Generator().manual_seed(0), **policy), max_new_tokens)
+def job(prompt, verification, max_new_tokens=20, **policy) -> Job:
+    return Job(list(prompt), Policy(verification, GREEDY, torch.Generator().manual_seed(0), **policy), max_new_tokens)
 
 
 def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write_alone(models):
     target, draft = models
     batch = Batch(target, make_drafter("model", draft, capacity=4), draft_length=DraftLength(3), capacity=4)
-    jobs = [job(p, m, max_new_tokens=12 + 3 * i) for i, (p, m) in enumerate(zip(PROMPTS, METHODS, strict=True))]
+    jobs = [job(p, m, max_new_tokens=12 + 3 * i) for i, (p, m) in enumerate(zip(PROMPTS, VERIFICATIONS, strict=True))]
     waiting, rounds = list(jobs), 0
     while waiting or batch.jobs:
         if waiting and rounds % 3 == 0 and len(batch.jobs) < batch.capacity:  # a job joins every third round
@@ -48,13 +48,13 @@ def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write
         batch.step()
         rounds += 1
     for j in jobs:
-        assert j.finished and j.tokens == alone(models, j.prompt, j.policy.method, j.max_new_tokens)
+        assert j.finished and j.tokens == alone(models, j.prompt, j.policy.verification, j.max_new_tokens)
 
 
 def test_a_cancelled_job_leaves_and_the_others_are_unchanged(models):
     target, draft = models
     batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
-    jobs = [job(p, Method("static", weight=0.6), max_new_tokens=30) for p in PROMPTS[:3]]
+    jobs = [job(p, Verification("static", weight=0.6), max_new_tokens=30) for p in PROMPTS[:3]]
     for j in jobs:
         batch.add(j)
     batch.step()
@@ -64,13 +64,13 @@ def test_a_cancelled_job_leaves_and_the_others_are_unchanged(models):
     while batch.jobs:
         batch.step()
     for j in (jobs[0], jobs[2]):
-        assert j.tokens == alone(models, j.prompt, Method("static", weight=0.6), 30)
+        assert j.tokens == alone(models, j.prompt, Verification("static", weight=0.6), 30)
 
 
 def test_streamed_tokens_join_into_the_jobs_tokens(models):
     target, draft = models
     seen: dict[int, list[int]] = {0: [], 1: []}
-    out = decode(target, PROMPTS[:2], draft=draft, method=Method("exact"), sampling=Sampling(1.0),
+    out = decode(target, PROMPTS[:2], draft=draft, verification=Verification("exact"), sampling=Sampling(1.0),
                  draft_length=DraftLength(4), max_new_tokens=25, seed=3,
                  on_tokens=lambda i, new: seen[i].extend(new))
     assert [seen[0], seen[1]] == out.tokens
@@ -83,17 +83,17 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
         raise RuntimeError("broken head")
 
     batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
-    jobs = [job(PROMPTS[0], Method("exact")), job(PROMPTS[1], Method("diversed"), weight_fn=broken),
-            job(PROMPTS[2], Method("static", weight=0.5))]
+    jobs = [job(PROMPTS[0], Verification("exact")), job(PROMPTS[1], Verification("diversed"), weight_fn=broken),
+            job(PROMPTS[2], Verification("static", weight=0.5))]
     for j in jobs:
         batch.add(j)
     while batch.jobs:
         batch.step()
     assert jobs[1].stats.finish_reason == "error" and "broken head" in jobs[1].error and not jobs[1].tokens
-    assert jobs[0].tokens == alone(models, PROMPTS[0], Method("exact"))
-    assert jobs[2].tokens == alone(models, PROMPTS[2], Method("static", weight=0.5))
+    assert jobs[0].tokens == alone(models, PROMPTS[0], Verification("exact"))
+    assert jobs[2].tokens == alone(models, PROMPTS[2], Verification("static", weight=0.5))
     alone_batch = Batch(target, make_drafter("model", draft, capacity=1), draft_length=DraftLength(3), capacity=1)
-    alone_batch.add(job(PROMPTS[1], Method("diversed"), weight_fn=broken))
+    alone_batch.add(job(PROMPTS[1], Verification("diversed"), weight_fn=broken))
     with pytest.raises(RuntimeError, match="broken head"):  # a batch of one policy raises, as decode() does
         alone_batch.step()
 
@@ -101,26 +101,26 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
 def test_a_policys_draft_cap_limits_its_rows_drafts_only(models):
     target, draft = models
     batch = Batch(target, make_drafter("model", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
-    capped, free = job(PROMPTS[0], Method("exact"), max_drafts=1), job(PROMPTS[1], Method("exact"))
+    capped, free = job(PROMPTS[0], Verification("exact"), max_drafts=1), job(PROMPTS[1], Verification("exact"))
     batch.add(capped)
     batch.add(free)
     while batch.jobs:
         batch.step()
     assert len(capped.stats.reached) == 1 and len(free.stats.reached) == 4
-    assert capped.tokens == alone(models, PROMPTS[0], Method("exact"))
+    assert capped.tokens == alone(models, PROMPTS[0], Verification("exact"))
 
 
 def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
     target, draft = models
     batch = Batch(target, None, capacity=1)
     with pytest.raises(ValueError, match="needs a draft"):
-        batch.add(job(PROMPTS[0], Method("exact")))
-    batch.add(job(PROMPTS[0], Method("plain")))
+        batch.add(job(PROMPTS[0], Verification("exact")))
+    batch.add(job(PROMPTS[0], Verification("plain")))
     with pytest.raises(RuntimeError, match="full"):
-        batch.add(job(PROMPTS[1], Method("plain")))
+        batch.add(job(PROMPTS[1], Verification("plain")))
     with pytest.raises(ValueError, match="context"):
         one_row = Batch(target, make_drafter("model", draft, capacity=1), capacity=1)
-        one_row.add(job(PROMPTS[0], Method("exact"), max_new_tokens=10_000))
+        one_row.add(job(PROMPTS[0], Verification("exact"), max_new_tokens=10_000))
 
 
 def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
@@ -128,7 +128,8 @@ def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     target = tiny_model(0)
     batch = Batch(as_model(target), make_drafter("model", as_model(tiny_model(5, layers=2, hidden=32)), capacity=3),
                   draft_length=DraftLength(3, "heuristic"), capacity=3)
-    jobs = [job(p, m) for p, m in zip(PROMPTS[:3], [Method("exact"), Method("plain"), Method("plain")], strict=True)]
+    verifications = [Verification("exact"), Verification("plain"), Verification("plain")]
+    jobs = [job(p, m) for p, m in zip(PROMPTS[:3], verifications, strict=True)]
     for j in jobs:
         batch.add(j)
     batch.step()
@@ -143,7 +144,7 @@ def test_with_an_int8_draft_a_request_writes_the_same_alone_in_a_mixed_batch_and
     tokens and counts do not depend on what is decoded with it or before it (rules that read q included)."""
     tiny = tiny_model(0)
     target, draft = as_model(tiny), as_model(quantize_linears(perturbed(tiny, 0.05, 1), "int8"))
-    rules = [Method("exact"), Method("static", weight=0.5), Method("lossy", lenience=0.3)]
+    rules = [Verification("exact"), Verification("static", weight=0.5), Verification("lossy", lenience=0.3)]
     requests = [(prompt, rules[i % 3]) for i, prompt in enumerate(PROMPTS)]
 
     def run(wanted: list[int], traffic: bool = False) -> dict[int, tuple]:
@@ -151,7 +152,7 @@ def test_with_an_int8_draft_a_request_writes_the_same_alone_in_a_mixed_batch_and
                       capacity=len(PROMPTS))
         if traffic:  # other requests first, to the end
             for prompt in PROMPTS[::-1][:3]:
-                batch.add(Job(prompt[::-1], Policy(Method("static", weight=0.2), Sampling(temperature),
+                batch.add(Job(prompt[::-1], Policy(Verification("static", weight=0.2), Sampling(temperature),
                                                    torch.Generator().manual_seed(99)), 9))
             while batch.jobs:
                 batch.step()

@@ -16,7 +16,7 @@ import torch
 from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
-from diversed.request import FLY_ENTROPY_THRESHOLD, JUDI_MAX_CONFIDENCE, METHODS, RULE_SPECS, Method
+from diversed.request import FLY_ENTROPY_THRESHOLD, JUDI_MAX_CONFIDENCE, RULE_SPECS, VERIFICATIONS, Verification
 from diversed.verify import (
     RULES,
     total_variation,
@@ -415,18 +415,19 @@ def test_defaults_are_the_papers_and_may_be_given():
 
 @pytest.mark.parametrize(("text", "params"), [("cactus:0.5", {"delta": 0.5}), ("judi:0.3", {"epsilon": 0.3}),
                                               ("lossy-entropy:0.7", {"lenience": 0.7})])
-def test_method_syntax_sets_the_first_parameter(text, params):
-    method = Method.parse(text)
-    assert method.rule == text.partition(":")[0] and method.verify_params() == params and method.label == text
+def test_verification_syntax_sets_the_first_parameter(text, params):
+    verification = Verification.parse(text)
+    assert verification.rule == text.partition(":")[0] and verification.verify_params() == params
+    assert verification.label == text
     drafts, q, p = _small_inputs()
-    verify(method.rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **method.verify_params())
+    verify(verification.rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **verification.verify_params())
 
 
 @pytest.mark.parametrize(("text", "match"), [("cactus:-1", "delta"), ("judi:nan", "epsilon"),
                                              ("lossy-entropy:1", "lenience"), ("cactus", "needs delta")])
-def test_method_syntax_refuses_bad_values(text, match):
+def test_verification_syntax_refuses_bad_values(text, match):
     with pytest.raises(ValueError, match=match):
-        Method.parse(text)
+        Verification.parse(text)
 
 
 @pytest.mark.parametrize(("text", "params"), [
@@ -434,23 +435,24 @@ def test_method_syntax_refuses_bad_values(text, match):
     ("judi:0.1,max_confidence=0.8", {"epsilon": 0.1, "max_confidence": 0.8}),
     ("typical:0.05,delta=0.5", {"epsilon": 0.05, "delta": 0.5})])
 def test_every_parameter_of_a_rule_can_be_set_by_name(text, params):
-    method = Method.parse(text)
-    assert method.verify_params() == params and method.label == text and Method.parse(method.label) == method
+    verification = Verification.parse(text)
+    assert verification.verify_params() == params and verification.label == text
+    assert Verification.parse(verification.label) == verification
     drafts, q, p = _small_inputs()
-    verify(method.rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **method.verify_params())
+    verify(verification.rule, drafts, q, p, generator=torch.Generator().manual_seed(0), **verification.verify_params())
 
 
 @pytest.mark.parametrize(("text", "match"), [("judi:0.1,max_confidence=2", "max_confidence must be in"),
                                              ("judi:0.1,delta=0.3", "not one of its other parameters"),
                                              ("lossy:0.1,lenience=0.2", "it has none"),
                                              ("lossy-entropy:0.5,entropy_threshold", "NAME=VALUE"),
-                                             ("typical:0.05,delta=x", "cannot read method")])
+                                             ("typical:0.05,delta=x", "cannot read verification")])
 def test_a_named_parameter_that_does_not_fit_is_refused(text, match):
     with pytest.raises(ValueError, match=match):
-        Method.parse(text)
+        Verification.parse(text)
 
 
 def test_rule_names_do_not_clash():
-    assert len(set(METHODS)) == len(METHODS)
+    assert len(set(VERIFICATIONS)) == len(VERIFICATIONS)
     assert {"cactus", "judi", "lossy-entropy"} <= set(RULES) and not {"cactus", "judi", "lossy-entropy"} & {
         "plain", "diversed"}

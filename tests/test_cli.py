@@ -38,7 +38,7 @@ def run(args, capsys, stdin: str | None = None):
 
 def test_generate_json_has_text_and_metrics(models, capsys):
     code, out, _ = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
-                        "--method", "exact", "--temperature", "0", "--max-new-tokens", "6", "--no-chat",
+                        "--verification", "exact", "--temperature", "0", "--max-new-tokens", "6", "--no-chat",
                         "t3 t4 t5", "t9"], capsys)
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
@@ -50,7 +50,7 @@ def test_generate_json_has_text_and_metrics(models, capsys):
 
 def test_generate_json_with_provenance_has_a_record_per_token(models, capsys):
     code, out, _ = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
-                        "--provenance", "--method", "lossy:0.5", "--max-new-tokens", "8", "--no-chat", "t3 t4"],
+                        "--provenance", "--verification", "lossy:0.5", "--max-new-tokens", "8", "--no-chat", "t3 t4"],
                        capsys)
     line = json.loads(out)
     assert code == 0 and len(line["provenance"]) == line["new_tokens"]
@@ -62,6 +62,28 @@ def test_the_old_spelling_of_draft_length_works_with_a_warning(models, capsys):
                           "--draft-len", "2", "--max-new-tokens", "4", "--no-chat", "t3"], capsys)
     assert code == 0 and json.loads(out)["new_tokens"] == 4
     assert "--draft-len is now --draft-length" in err
+
+
+def test_the_old_spelling_of_verification_works_with_a_warning(models, capsys):
+    code, out, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--json",
+                          "--method", "static:0.5", "--max-new-tokens", "4", "--no-chat", "t3"], capsys)
+    assert code == 0 and json.loads(out)["metrics"]["verification"] == "static:0.5"
+    assert "--method is now --verification" in err
+
+
+@pytest.mark.parametrize(("args", "old", "new", "message"), [
+    (["generate", "--method", "banana", "t3"], "--method", "--verification", "--verification must be one of"),
+    (["serve", "--method", "banana"], "--method", "--verification", "--verification must be one of"),
+    (["eval", "--task", "humaneval", "--out", "{tmp}/eval", "--methods", "plain,banana"], "--methods",
+     "--verifications", "--verification must be one of"),
+    (["report", "{tmp}", "--methods", "exact"], "--methods", "--verifications",
+     "--verifications and --to are for evaluations"),
+])
+def test_the_old_verification_flags_set_the_new_ones(capsys, tmp_path, args, old, new, message):
+    """Each old flag's value goes where the new flag's would: here to a refusal before any model loads."""
+    (tmp_path / "log.jsonl").write_text("")  # a head's training run, which report refuses --verifications for
+    code, _, err = run([a.format(tmp=tmp_path) for a in args], capsys)
+    assert code == 2 and f"{old} is now {new}" in err and message in err, err
 
 
 def test_generate_stream_prints_the_same_text_as_it_comes(models, capsys):
@@ -91,7 +113,7 @@ def test_generate_drafts_from_a_prediction_and_counts_its_tokens(models, capsys,
 
 def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
-              "--max-new-tokens", "3", "--method", "static:0.5"]
+              "--max-new-tokens", "3", "--verification", "static:0.5"]
     code, out, _ = run(common + ["-"], capsys, stdin="t3 t4\nt5\n")
     assert code == 0 and out.count("[static:0.5]") == 2
     (tmp_path / "p.jsonl").write_text('{"prompt": "t3"}\n{"prompt": "t7 t8"}\n')
@@ -100,11 +122,11 @@ def test_generate_reads_stdin_and_files(models, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--method", "static"], "needs weight"),
-    (["--method", "static:1.5"], "weight must be in"),
+    (["--verification", "static"], "needs weight"),
+    (["--verification", "static:1.5"], "weight must be in"),
     (["--temperature", "-1"], "temperature"),
     (["--draft-length", "0"], "--draft-length"),
-    (["--method", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
+    (["--verification", "diversed", "--head", "/nonexistent"], "no head checkpoint"),
     (["--prediction", "/nonexistent"], "--prediction '/nonexistent': no such file"),
     (["--prediction", __file__, "--drafter", "lookup"], "a --prediction is drafted from by drafter 'auto'"),
     (["--drafter", "prediction"], "--drafter 'prediction' drafts from a prediction"),
@@ -136,10 +158,10 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
     code, out, _ = run(["report", str(head)], capsys)  # a training run's table so far, and its curves
     assert code == 0 and out.splitlines()[0].startswith("| step | reward |") and len(out.splitlines()) == 4
     assert "| 2 | " in out and "| w by TV |" in out and (head / "training.png").is_file()
-    code, out, _ = run(["generate", "--json", "--method", "diversed", "--head", str(head), "--no-chat",
+    code, out, _ = run(["generate", "--json", "--verification", "diversed", "--head", str(head), "--no-chat",
                         "--max-new-tokens", "4", *pair_args, "t3"], capsys)
-    assert code == 0 and json.loads(out)["metrics"]["method"] == f"diversed:{head}"
-    code, out, _ = run(["eval", "--task", f"jsonl:{data}", "--split", "all", "--methods",
+    assert code == 0 and json.loads(out)["metrics"]["verification"] == f"diversed:{head}"
+    code, out, _ = run(["eval", "--task", f"jsonl:{data}", "--split", "all", "--verifications",
                         f"plain,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
                         *pair_args], capsys)
     assert code == 0 and "| diversed:" in out and (tmp_path / "eval" / "summary.md").is_file()
@@ -155,7 +177,7 @@ def test_a_bad_prompt_file_line_is_named(models, capsys, tmp_path):
 def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsys):
     common = ["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat", "--temperature",
               "0", "--max-new-tokens", "8", "t3 t4 t5"]
-    _, full, _ = run(common + ["--json", "--method", "plain"], capsys)
+    _, full, _ = run(common + ["--json", "--verification", "plain"], capsys)
     code, out, _ = run(common + ["--json", "--draft-vocab", "10", "--profile"], capsys)
     line = json.loads(out)
     assert code == 0 and line["text"] == json.loads(full)["text"]
@@ -166,5 +188,5 @@ def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsy
 
 def test_the_packaged_head_is_refused_for_other_models(models, capsys):
     code, _, err = run(["generate", "--draft", models["draft"], "--target", models["target"], "--no-chat",
-                        "--method", "diversed", "t3"], capsys)
+                        "--verification", "diversed", "t3"], capsys)
     assert code == 2 and "was trained for target hidden size 1536" in err

@@ -172,8 +172,8 @@ def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
     assert isinstance(target.lm_head, DynamicLinear)
     assert target.lm_head._packed_params.dtype == torch.float16
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
-    auto = generate(default_pair, prompts, method="plain", temperature=0, max_new_tokens=10)
-    exact = generate(default_pair, prompts, method="exact", temperature=0, max_new_tokens=10, draft_length=3,
+    auto = generate(default_pair, prompts, verification="plain", temperature=0, max_new_tokens=10)
+    exact = generate(default_pair, prompts, verification="exact", temperature=0, max_new_tokens=10, draft_length=3,
                      batch_size=2)
     assert [c.tokens for c in exact] == [c.tokens for c in auto]
     assert all(c.metrics["new_tokens"] == 10 and c.metrics["acceptance_rate"] > 0 for c in exact)
@@ -181,7 +181,7 @@ def test_greedy_exact_equals_the_target_alone_on_the_default_pair(default_pair):
 
 @pytest.mark.slow
 def test_generate_command_prints_json_on_the_default_pair(capsys):
-    code = main(["generate", "--json", "--method", "exact", "--temperature", "0", "--max-new-tokens", "6",
+    code = main(["generate", "--json", "--verification", "exact", "--temperature", "0", "--max-new-tokens", "6",
                  "Say hello."])
     line = json.loads(capsys.readouterr().out)
     assert code == 0 and line["text"] and 0 <= line["acceptance_rate"] <= 1 and line["new_tokens"] == 6
@@ -189,9 +189,9 @@ def test_generate_command_prints_json_on_the_default_pair(capsys):
 
 @pytest.mark.slow
 def test_the_packaged_head_runs_on_the_default_pair(default_pair):
-    (completion,) = generate(default_pair, "def fibonacci(n):", method="diversed", temperature=1.0, max_new_tokens=8,
-                             seed=7)
-    assert completion.metrics["method"] == "diversed" and completion.metrics["new_tokens"] == 8
+    (completion,) = generate(default_pair, "def fibonacci(n):", verification="diversed", temperature=1.0,
+                             max_new_tokens=8, seed=7)
+    assert completion.metrics["verification"] == "diversed" and completion.metrics["new_tokens"] == 8
     assert 0 <= completion.metrics["acceptance_rate"] <= 1
 
 
@@ -201,8 +201,8 @@ def test_a_draft_with_a_restricted_vocabulary_stays_exact_on_the_default_pair(de
     _, small_draft = load_model(str(draft_dir), vocab=32768)
     small = replace(default_pair, draft=small_draft)
     prompt = "Write a Python function that reverses a string."
-    auto = generate(default_pair, prompt, method="plain", temperature=0, max_new_tokens=12)
-    exact = generate(small, prompt, method="exact", temperature=0, max_new_tokens=12, draft_length=4)
+    auto = generate(default_pair, prompt, verification="plain", temperature=0, max_new_tokens=12)
+    exact = generate(small, prompt, verification="exact", temperature=0, max_new_tokens=12, draft_length=4)
     assert exact[0].tokens == auto[0].tokens and exact[0].metrics["acceptance_rate"] > 0.5
 
 
@@ -215,12 +215,12 @@ def llama_pair(default_pair):  # after the transformers pair: it assembles the G
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_rule_runs_on_llama_cpp_and_greedy_exact_is_the_target(llama_pair, temperature):
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
-    auto = generate(llama_pair, prompts, method="plain", temperature=0, max_new_tokens=12)
-    for method in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed"):
-        out = generate(llama_pair, prompts, method=method, temperature=temperature, max_new_tokens=12,
+    auto = generate(llama_pair, prompts, verification="plain", temperature=0, max_new_tokens=12)
+    for verification in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed"):
+        out = generate(llama_pair, prompts, verification=verification, temperature=temperature, max_new_tokens=12,
                        draft_length=3, batch_size=2)
         assert all(c.metrics["new_tokens"] == 12 and 0 <= c.metrics["acceptance_rate"] <= 1 for c in out)
-        if method == "exact" and temperature == 0:
+        if verification == "exact" and temperature == 0:
             for prompt, ours, alone in zip(prompts, out, auto, strict=True):
                 assert_same_up_to_a_near_tie(llama_pair, prompt, ours.tokens, alone.tokens)
 

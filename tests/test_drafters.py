@@ -21,7 +21,7 @@ from diversed.decoding.drafters.prediction import Prediction
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.head.model import HeadConfig, build
-from diversed.request import DRAFTERS, DraftLength, Method, Sampling
+from diversed.request import DRAFTERS, DraftLength, Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
@@ -140,10 +140,10 @@ def test_prediction_tokens_are_counted_as_openai_counts_them():
 def test_greedy_exact_with_a_prediction_writes_the_targets_text_and_drafts_from_it(models):
     """Predicting the target's own answer with a change inside: lossless, and most of it in a few passes."""
     target, draft = models
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=40)
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=40)
     predictions = [t[:15] + [7, 7] + t[17:] for t in plain.tokens]
     for drafter, schedule in (("auto", DraftLength(2, "auto", maximum=32)), ("prediction", DraftLength(16))):
-        out = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
+        out = decode(target, PROMPTS, draft=draft, drafter=drafter, verification=Verification("exact"), sampling=GREEDY,
                      draft_length=schedule, max_new_tokens=40, predictions=predictions)
         assert out.tokens == plain.tokens
         for stats in out.stats:  # the auto schedule's choices follow measured times: only that it drafted
@@ -162,8 +162,8 @@ def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted
 @pytest.mark.parametrize("schedule", [DraftLength(4), DraftLength(2, "auto", maximum=6)])
 def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(models, drafter, schedule):
     target, draft = models
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=30)
-    spec = decode(target, PROMPTS, draft=draft, drafter=drafter, method=Method("exact"), sampling=GREEDY,
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=30)
+    spec = decode(target, PROMPTS, draft=draft, drafter=drafter, verification=Verification("exact"), sampling=GREEDY,
                   draft_length=schedule, max_new_tokens=30)
     assert spec.tokens == plain.tokens
     for s in spec.stats:
@@ -174,7 +174,7 @@ def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(mod
 
 def test_copying_drafters_cost_no_draft_forward_and_their_drafts_are_named(models):
     target, _ = models
-    out = decode(target, PROMPTS, drafter="lookup", method=Method("exact"), sampling=GREEDY,
+    out = decode(target, PROMPTS, drafter="lookup", verification=Verification("exact"), sampling=GREEDY,
                  draft_length=DraftLength(4), max_new_tokens=30)
     assert all(s.draft_forwards == 0 for s in out.stats)
     assert sum(s.drafted for s in out.stats) > 0 and all(set(s.drafters) <= {"lookup"} for s in out.stats)
@@ -186,7 +186,7 @@ def test_a_repeated_request_is_proposed_from_the_earlier_answer_in_the_shared_ca
     target, _ = models
     cache = SuffixCache()
     prompt = [4, 8, 15, 16, 23, 42]
-    runs = [decode(target, [prompt], drafter="suffix", cache=cache, method=Method("exact"), sampling=GREEDY,
+    runs = [decode(target, [prompt], drafter="suffix", cache=cache, verification=Verification("exact"), sampling=GREEDY,
                    draft_length=DraftLength(8), max_new_tokens=40).stats[0] for _ in range(2)]
     first, second = runs
     assert second.drafters["suffix"][0] >= 30 and second.accepted / second.drafted > 0.8
@@ -195,7 +195,7 @@ def test_a_repeated_request_is_proposed_from_the_earlier_answer_in_the_shared_ca
 
 def test_the_head_is_refused_on_drafts_without_a_draft_model(models):
     target, _ = models
-    job = Job([1, 2, 3], Policy(Method("diversed"), GREEDY, weight_fn=lambda hd, ht: torch.ones(hd.shape[:2])))
+    job = Job([1, 2, 3], Policy(Verification("diversed"), GREEDY, weight_fn=lambda hd, ht: torch.ones(hd.shape[:2])))
     with pytest.raises(ValueError, match="hidden states"):
         Batch(target, make_drafter("lookup")).add(job)
 
@@ -206,19 +206,19 @@ def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
     through the loop (only a mixture head is refused there)."""
     target, _ = models
     head = build(HeadConfig(8, 64, kind="lenience-target", initial_lenience=0.5))
-    plain = decode(target, PROMPTS[:2], method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
-    out = decode(target, PROMPTS[:2], drafter=drafter, method=Method("diversed"), weight_fn=head, sampling=GREEDY,
-                 draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
+    plain = decode(target, PROMPTS[:2], verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
+    out = decode(target, PROMPTS[:2], drafter=drafter, verification=Verification("diversed"), weight_fn=head,
+                 sampling=GREEDY, draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
     assert all(s.drafted > 0 for s in out.stats)
     with pytest.raises(ValueError, match="mixture head"):
-        decode(target, PROMPTS[:1], drafter=drafter, method=Method("diversed"),
+        decode(target, PROMPTS[:1], drafter=drafter, verification=Verification("diversed"),
                weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]), sampling=GREEDY, max_new_tokens=4)
 
 
 def test_a_row_that_allows_one_drafter_gets_drafts_from_it_only(models):
     target, draft = models
     batch = Batch(target, make_drafter("auto", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
-    jobs = [Job(list(p), Policy(Method("exact"), GREEDY, drafter=name), 24) for p, name in
+    jobs = [Job(list(p), Policy(Verification("exact"), GREEDY, drafter=name), 24) for p, name in
             zip(PROMPTS, ["lookup", "model"], strict=False)]
     for job in jobs:
         batch.add(job)
@@ -233,12 +233,12 @@ P = torch.tensor([0.5, 0.25, 0.15, 0.1])
 X = 1  # the drafted token
 
 
-@pytest.mark.parametrize(("method", "acceptance"), [
-    (Method("exact"), P[X]),
-    (Method("static", weight=0.6), 0.6 * P[X] + 0.4),
-    (Method("lossy", lenience=0.5), min(1.0, P[X] / 0.5)),
+@pytest.mark.parametrize(("verification", "acceptance"), [
+    (Verification("exact"), P[X]),
+    (Verification("static", weight=0.6), 0.6 * P[X] + 0.4),
+    (Verification("lossy", lenience=0.5), min(1.0, P[X] / 0.5)),
 ])
-def test_a_point_mass_draft_is_accepted_with_the_rules_closed_form(method, acceptance):
+def test_a_point_mass_draft_is_accepted_with_the_rules_closed_form(verification, acceptance):
     q = torch.nn.functional.one_hot(torch.tensor(X), 4).float()
-    got = acceptance_probability(method.rule, P, q, **method.verify_params())
+    got = acceptance_probability(verification.rule, P, q, **verification.verify_params())
     assert float(got) == pytest.approx(float(acceptance))

@@ -7,7 +7,7 @@ import torch
 
 from diversed.decoding.engine import decode
 from diversed.decoding.profile import PHASES
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 from diversed.verify import verify
 
 from tiny import perturbed, tiny_model
@@ -47,8 +47,8 @@ def requested(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_exact_equals_plain_target_decoding(target, draft, n, batch):
     prompts = PROMPTS[:batch]
-    plain = decode(target, prompts, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
-    spec = decode(target, prompts, draft=draft, method=Method("exact"), sampling=GREEDY,
+    plain = decode(target, prompts, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
+    spec = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=GREEDY,
                   draft_length=DraftLength(n), max_new_tokens=24)
     assert spec.tokens == plain.tokens
     assert all(len(t) == 24 for t in spec.tokens)
@@ -60,28 +60,29 @@ def test_close_draft_is_accepted_often_and_unrelated_rarely(target):
     assert close.summary()["acceptance_rate"] > 0.5 > far.summary()["acceptance_rate"]
 
 
-@pytest.mark.parametrize("method", [Method("exact"), Method("static", weight=0.5), Method("cascade-opt", alpha=0.3)])
-def test_batch_equals_one_by_one(target, draft, method):
-    together = decode(target, PROMPTS, draft=draft, method=method, sampling=GREEDY, max_new_tokens=20)
+@pytest.mark.parametrize("verification", [Verification("exact"), Verification("static", weight=0.5),
+                                          Verification("cascade-opt", alpha=0.3)])
+def test_batch_equals_one_by_one(target, draft, verification):
+    together = decode(target, PROMPTS, draft=draft, verification=verification, sampling=GREEDY, max_new_tokens=20)
     for prompt, tokens in zip(PROMPTS, together.tokens, strict=True):
-        alone = decode(target, [prompt], draft=draft, method=method, sampling=GREEDY, max_new_tokens=20)
+        alone = decode(target, [prompt], draft=draft, verification=verification, sampling=GREEDY, max_new_tokens=20)
         assert alone.tokens[0] == tokens
 
 
 @pytest.mark.parametrize("schedule", [DraftLength(2, "heuristic"), DraftLength(4, confidence=0.3),
                                       DraftLength(3, "heuristic", confidence=0.5)])
 def test_schedules_and_confidence_stop_stay_exact(target, draft, schedule):
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
     spec = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=schedule, max_new_tokens=24)
     assert spec.tokens == plain.tokens
 
 
 def test_static_weight_one_equals_exact_when_sampling(target, draft):
     kwargs = dict(draft=draft, sampling=Sampling(1.0), max_new_tokens=20, seed=11)
-    exact = decode(target, PROMPTS, method=Method("exact"), **kwargs)
-    static = decode(target, PROMPTS, method=Method("static", weight=1.0), **kwargs)
-    ones = decode(target, PROMPTS, method=Method("dynamic"), weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]),
-                  **kwargs)
+    exact = decode(target, PROMPTS, verification=Verification("exact"), **kwargs)
+    static = decode(target, PROMPTS, verification=Verification("static", weight=1.0), **kwargs)
+    ones = decode(target, PROMPTS, verification=Verification("dynamic"),
+                  weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]), **kwargs)
     assert exact.tokens == static.tokens == ones.tokens
 
 
@@ -89,30 +90,30 @@ def test_a_heads_shift_moves_its_logit(target, draft):
     """diversed:HEAD@S runs the head's w as sigmoid(logit(w) + S): a flat head at 0.5 shifted by log 3 is the
     static ensemble at 0.75, and any head shifted is the same head with the shift written into it."""
     kwargs = dict(draft=draft, sampling=Sampling(1.0), max_new_tokens=20, seed=5)
-    half = decode(target, PROMPTS, method=Method("diversed", shift=math.log(3)), **kwargs,
+    half = decode(target, PROMPTS, verification=Verification("diversed", shift=math.log(3)), **kwargs,
                   weight_fn=lambda hd, ht: torch.full(hd.shape[:2], 0.5))
-    assert half.tokens == decode(target, PROMPTS, method=Method("static", weight=0.75), **kwargs).tokens
+    assert half.tokens == decode(target, PROMPTS, verification=Verification("static", weight=0.75), **kwargs).tokens
 
     def head(h_draft, h_target):
         return torch.sigmoid(h_draft[..., 0] - h_target[..., 1])
 
-    shifted = decode(target, PROMPTS, method=Method("diversed", shift=-1.5), weight_fn=head, **kwargs)
-    written = decode(target, PROMPTS, method=Method("diversed"), **kwargs,
+    shifted = decode(target, PROMPTS, verification=Verification("diversed", shift=-1.5), weight_fn=head, **kwargs)
+    written = decode(target, PROMPTS, verification=Verification("diversed"), **kwargs,
                      weight_fn=lambda hd, ht: torch.sigmoid(torch.logit(head(hd, ht)) - 1.5))
-    unshifted = decode(target, PROMPTS, method=Method("diversed"), weight_fn=head, **kwargs)
+    unshifted = decode(target, PROMPTS, verification=Verification("diversed"), weight_fn=head, **kwargs)
     assert shifted.tokens == written.tokens != unshifted.tokens
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(target, draft):
-    kwargs = dict(draft=draft, method=Method("static", weight=0.5), sampling=Sampling(1.0, top_k=20, top_p=0.9),
-                  max_new_tokens=20)
+    kwargs = dict(draft=draft, verification=Verification("static", weight=0.5),
+                  sampling=Sampling(1.0, top_k=20, top_p=0.9), max_new_tokens=20)
     a, b = decode(target, PROMPTS, seed=1, **kwargs), decode(target, PROMPTS, seed=1, **kwargs)
     c = decode(target, PROMPTS, seed=2, **kwargs)
     assert a.tokens == b.tokens != c.tokens
 
 
 def test_weight_zero_accepts_every_draft(target, draft):
-    out = decode(target, PROMPTS, draft=draft, method=Method("static", weight=0.0), sampling=Sampling(1.0),
+    out = decode(target, PROMPTS, draft=draft, verification=Verification("static", weight=0.0), sampling=Sampling(1.0),
                  draft_length=DraftLength(4), max_new_tokens=20)
     assert out.summary()["acceptance_rate"] == 1.0
 
@@ -124,15 +125,15 @@ def test_dynamic_weights_see_both_models_hidden_states(target, draft):
         seen.append((h_draft.shape, h_target.shape))
         return torch.full(h_draft.shape[:2], 0.5)
 
-    decode(target, PROMPTS, draft=draft, method=Method("dynamic"), weight_fn=weight_fn, sampling=Sampling(1.0),
-           draft_length=DraftLength(3), max_new_tokens=8)
+    decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), weight_fn=weight_fn,
+           sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8)
     b, n, d_draft = seen[0][0]
     assert (b, n) == (len(PROMPTS), 3) and d_draft == draft.config.hidden_size
     assert seen[0][1] == (b, n, target.config.hidden_size)
 
 
 def test_each_sequence_stops_at_its_own_eos(target, draft):
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
     eos = plain.tokens[0][5]  # a token the first sequence writes early
     out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, max_new_tokens=24, eos_token_ids=[eos])
     for full, tokens, stats in zip(plain.tokens, out.tokens, out.stats, strict=True):
@@ -143,7 +144,7 @@ def test_each_sequence_stops_at_its_own_eos(target, draft):
 
 
 def test_stop_function_ends_a_sequence_at_the_token_that_completes_it(target, draft):
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=24)
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
     out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=DraftLength(5), max_new_tokens=24,
                  stop=lambda t, start: max(start + 1, 3) if len(t) >= 3 else None)
     # A round that writes past the stop is cut back: the same tokens as the target alone, and counts to match.
@@ -184,7 +185,7 @@ def test_exact_sampling_gives_the_target_distribution_end_to_end(drafting):
         seqs = torch.cat([torch.tensor([[1, 2, 3]]).expand(12, 3), torch.arange(12)[:, None]], 1)
         p2 = (p1[:, None] * torch.softmax(target(seqs).logits[:, -1], -1)).sum(0)
     # 4 new tokens leave room for 3 drafts in the first round, so the cut-off (not the room) ends them.
-    out = decode(target, [[1, 2, 3]] * 20000, draft=draft, method=Method("exact"), draft_length=drafting,
+    out = decode(target, [[1, 2, 3]] * 20000, draft=draft, verification=Verification("exact"), draft_length=drafting,
                  max_new_tokens=4, seed=0)
     tokens = torch.tensor([t[:2] for t in out.tokens])
     if drafting.confidence:  # the case happens: some rows never drafted past 1 token, others reached 2
@@ -199,7 +200,7 @@ def test_static_sampling_gives_the_mixture_end_to_end():
     with torch.no_grad():
         p = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
         q = torch.softmax(draft(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
-    tokens = _first_tokens(target, 20000, 1, draft=draft, method=Method("static", weight=0.3),
+    tokens = _first_tokens(target, 20000, 1, draft=draft, verification=Verification("static", weight=0.3),
                            draft_length=DraftLength(3))
     empirical = torch.bincount(tokens[:, 0], minlength=12) / len(tokens)
     assert 0.5 * (empirical - (0.3 * p + 0.7 * q)).abs().sum() < 0.02
@@ -209,9 +210,9 @@ def test_bad_requests_are_refused_with_clear_messages(target, draft):
     with pytest.raises(ValueError, match="context"):
         decode(target, [[1] * 250], draft=draft, max_new_tokens=10)
     with pytest.raises(ValueError, match="needs a draft"):
-        decode(target, PROMPTS, method=Method("exact"))
+        decode(target, PROMPTS, verification=Verification("exact"))
     with pytest.raises(ValueError, match="weight_fn"):
-        decode(target, PROMPTS, draft=draft, method=Method("dynamic"))
+        decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"))
     with pytest.raises(ValueError, match="vocabulary"):
         decode(target, [[VOCAB + 5]], draft=draft)
     with pytest.raises(ValueError, match="different vocabularies"):
@@ -237,7 +238,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
 
     monkeypatch.setattr(policy, "verify", spy)
     prompt = [3, 1, 4, 1, 5]
-    out = decode(target, [prompt], draft=draft, method=Method("static", weight=0.6), sampling=Sampling(1.0),
+    out = decode(target, [prompt], draft=draft, verification=Verification("static", weight=0.6), sampling=Sampling(1.0),
                  draft_length=DraftLength(3), max_new_tokens=30, seed=4)
     emitted = prompt
     for drafts, q, p, verdict in rounds:
@@ -262,7 +263,7 @@ def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, reque
 
 
 def test_bad_weights_and_unsupported_models_are_refused(target, draft):
-    dynamic = dict(draft=draft, method=Method("dynamic"))
+    dynamic = dict(draft=draft, verification=Verification("dynamic"))
     with pytest.raises(ValueError, match="outside"):
         decode(target, PROMPTS, weight_fn=lambda hd, ht: 2 * torch.ones(hd.shape[:2]), **dynamic)
     with pytest.raises(ValueError, match="shape"):
@@ -272,12 +273,12 @@ def test_bad_weights_and_unsupported_models_are_refused(target, draft):
     capped = tiny_model(0)
     capped.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="soft-capping"):
-        decode(capped, PROMPTS, method=Method("plain"))
+        decode(capped, PROMPTS, verification=Verification("plain"))
 
 
 def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requested):
     close = perturbed(target, 0.05, 1)
-    plain = decode(target, PROMPTS, method=Method("plain"), sampling=GREEDY, max_new_tokens=30)
+    plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=30)
     spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
                   max_new_tokens=30)
     assert spec.tokens == plain.tokens
@@ -288,17 +289,17 @@ def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requeste
     assert len(set(requested)) > 1 or drafted_rounds < max(s.target_forwards for s in spec.stats)
 
 
-@pytest.mark.parametrize("method", [Method("plain"), Method("exact"), Method("dynamic")])
-def test_profile_splits_the_wall_time_into_phases(target, draft, method):
-    out = decode(target, PROMPTS, draft=draft, method=method, sampling=Sampling(1.0), max_new_tokens=12,
+@pytest.mark.parametrize("verification", [Verification("plain"), Verification("exact"), Verification("dynamic")])
+def test_profile_splits_the_wall_time_into_phases(target, draft, verification):
+    out = decode(target, PROMPTS, draft=draft, verification=verification, sampling=Sampling(1.0), max_new_tokens=12,
                  weight_fn=lambda hd, ht: torch.full(hd.shape[:2], 0.5), profile=True)
     profile = out.profile
     assert all(profile[phase] >= 0 for phase in PHASES)
     assert sum(profile[phase] for phase in PHASES) == pytest.approx(profile["total"])
     assert profile["total"] <= out.wall_time + 1e-3 and profile["target forward"] > 0
     assert profile["rounds"] == max(s.target_forwards for s in out.stats)
-    assert (profile["draft forward"] > 0) == (method.name != "plain")
-    assert (profile["head"] > 0) == (method.name == "dynamic")
+    assert (profile["draft forward"] > 0) == (verification.name != "plain")
+    assert (profile["head"] > 0) == (verification.name == "dynamic")
 
 
 def test_rounds_draft_no_more_than_the_tokens_still_needed(target, draft, requested):

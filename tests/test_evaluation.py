@@ -13,11 +13,11 @@ import pytest
 
 import diversed.evaluation.run as run
 from diversed.evaluation.report import summarize_results
-from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_methods
-from diversed.request import Method
+from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_verifications
+from diversed.request import Verification
 from diversed.tasks import get_task
 
-from eval_worker import CONFIG, METHODS
+from eval_worker import CONFIG, VERIFICATIONS
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
 
 TESTS = Path(__file__).parent
@@ -37,7 +37,7 @@ def task():
 def complete(pair, task, tmp_path_factory):
     """One uninterrupted run, shared by the tests that compare against it."""
     out = tmp_path_factory.mktemp("complete")
-    summaries = evaluate(pair, task, METHODS, CONFIG, out, progress=False)
+    summaries = evaluate(pair, task, VERIFICATIONS, CONFIG, out, progress=False)
     return out, summaries
 
 
@@ -49,74 +49,75 @@ def without_timing(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in ("wall_time", "tokens_per_s")}
 
 
-def test_every_method_runs_on_every_example(complete, task):
+def test_every_verification_runs_on_every_example(complete, task):
     out, summaries = complete
     results = rows(out)
-    assert len(results) == 7 * len(METHODS)
-    assert [s["method"] for s in summaries] == METHODS
-    assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
-    assert summaries[METHODS.index("static:0.2")]["acceptance_rate"] > summaries[1]["acceptance_rate"]
+    assert len(results) == 7 * len(VERIFICATIONS)
+    assert [s["method"] for s in summaries] == VERIFICATIONS
+    assert {(r["example"], r["verification"]) for r in results} == {(e.id, m) for e in task.examples()
+                                                                   for m in VERIFICATIONS}
+    assert summaries[VERIFICATIONS.index("static:0.2")]["acceptance_rate"] > summaries[1]["acceptance_rate"]
 
 
-def test_methods_share_each_examples_seed(pair, task, tmp_path, monkeypatch):
+def test_verifications_share_each_examples_seed(pair, task, tmp_path, monkeypatch):
     seeds: dict[tuple, dict[str, int]] = {}
     original = run.generate
 
     def spy(*args, **kwargs):
-        seeds.setdefault(tuple(args[1]), {})[kwargs["method"]] = kwargs["seed"]
+        seeds.setdefault(tuple(args[1]), {})[kwargs["verification"]] = kwargs["seed"]
         return original(*args, **kwargs)
 
     monkeypatch.setattr(run, "generate", spy)
-    evaluate(pair, task, METHODS, replace(CONFIG, limit=3), tmp_path, progress=False)
-    assert len(seeds) == 3 and all(set(by_method) == set(METHODS) for by_method in seeds.values())
-    assert all(len(set(by_method.values())) == 1 for by_method in seeds.values())  # one seed an example
-    assert len({seed for by_method in seeds.values() for seed in by_method.values()}) == 3  # each its own
+    evaluate(pair, task, VERIFICATIONS, replace(CONFIG, limit=3), tmp_path, progress=False)
+    assert len(seeds) == 3 and all(set(by_verification) == set(VERIFICATIONS) for by_verification in seeds.values())
+    assert all(len(set(by_verification.values())) == 1 for by_verification in seeds.values())  # one seed an example
+    assert len({seed for by_verification in seeds.values() for seed in by_verification.values()}) == 3  # each its own
 
 
 def test_summary_is_recomputed_from_the_results_file(complete):
     out, summaries = complete
-    again = summarize_results(rows(out), METHODS)
+    again = summarize_results(rows(out), VERIFICATIONS)
     assert again == summaries == json.loads((out / "summary.json").read_text())
-    exact = [r for r in rows(out) if r["method"] == "exact"]
+    exact = [r for r in rows(out) if r["verification"] == "exact"]
     assert summaries[1]["quality"] == pytest.approx(sum(r["reward"] for r in exact) / len(exact))
     assert summaries[1]["acceptance_rate"] == pytest.approx(
         sum(r["accepted"] for r in exact) / sum(r["drafted"] for r in exact))
     assert summaries[0]["speedup"] == 1.0
     csv_lines = (out / "summary.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("method,examples,quality") and len(csv_lines) == 1 + len(METHODS)
+    assert csv_lines[0].startswith("method,examples,quality") and len(csv_lines) == 1 + len(VERIFICATIONS)
     assert "| static:0.5 |" in (out / "summary.md").read_text()
 
 
-def test_report_of_a_run_in_progress_compares_the_examples_every_method_finished(complete, tmp_path):
+def test_report_of_a_run_in_progress_compares_the_examples_every_verification_finished(complete, tmp_path):
     out, summaries = complete
     shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
     everything = rows(out)
     last = everything[-1]["example"]
-    # As a run leaves it mid-example: the last example done by some methods only, its final row cut short.
-    kept = [r for r in everything if r["example"] != last or r["method"] == METHODS[0]]
+    # As a run leaves it mid-example: the last example done by some verifications only, its final row cut short.
+    kept = [r for r in everything if r["example"] != last or r["verification"] == VERIFICATIONS[0]]
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept) + '{"example": "cut')
     partial = run.report(tmp_path, "share")
-    assert [s["method"] for s in partial] == METHODS
-    assert partial == summarize_results([r for r in everything if r["example"] != last], METHODS)
-    assert "the 6 examples every method finished" in (tmp_path / "summary.md").read_text()
+    assert [s["method"] for s in partial] == VERIFICATIONS
+    assert partial == summarize_results([r for r in everything if r["example"] != last], VERIFICATIONS)
+    assert "the 6 examples every verification finished" in (tmp_path / "summary.md").read_text()
     assert "decoded together" not in (tmp_path / "summary.md").read_text()
     assert (tmp_path / RESULTS_FILE).read_text().endswith('"cut')  # the run's files are left as they are
     with pytest.raises(FileNotFoundError, match="no evaluation"):
         run.report(tmp_path / "nothing", "share")
 
 
-def test_report_of_some_methods_compares_the_examples_those_finished(complete, tmp_path):
-    """A method stopped early holds the full report to its examples; leaving it out gives the others theirs."""
+def test_report_of_some_verifications_compares_the_examples_those_finished(complete, tmp_path):
+    """A verification stopped early holds the full report to its examples; leaving it out gives the others theirs."""
     out, summaries = complete
     shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
     everything = rows(out)
-    early = {r["example"] for r in everything if r["method"] == METHODS[-1]}
+    early = {r["example"] for r in everything if r["verification"] == VERIFICATIONS[-1]}
     early = sorted(early)[:2]
-    kept = [r for r in everything if r["method"] != METHODS[-1] or r["example"] in early]
+    kept = [r for r in everything if r["verification"] != VERIFICATIONS[-1] or r["example"] in early]
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
     assert all(s["examples"] == 2 for s in run.report(tmp_path, "share"))
     whole = (tmp_path / "summary.json").read_text()
-    others = run.report(tmp_path, "share", ",".join(METHODS[:-1]), to=tmp_path / "some")
+    others = run.report(tmp_path, "share", ",".join(VERIFICATIONS[:-1]), to=tmp_path / "some")
     assert others == summaries[:-1] == json.loads((tmp_path / "some" / "summary.json").read_text())
     assert (tmp_path / "summary.json").read_text() == whole  # --to leaves the folder's own report alone
     assert (tmp_path / "some" / "quality_vs_acceptance.png").is_file()
@@ -147,13 +148,13 @@ def test_resume_after_a_kill_gives_the_same_results(complete, pair, task, tmp_pa
 
     monkeypatch.setattr(run, "_run_batch", dies_after_ten)
     with pytest.raises(KeyboardInterrupt):
-        evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
+        evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, progress=False)
     with open(tmp_path / RESULTS_FILE, "a") as f:
         f.write('{"example": "toy/5", "meth')  # a line cut off mid-write by the kill
     monkeypatch.setattr(run, "_run_batch", original)
     with pytest.raises(ValueError, match="--resume"):
-        evaluate(pair, task, METHODS, CONFIG, tmp_path, progress=False)
-    resumed = evaluate(pair, task, METHODS, CONFIG, tmp_path, resume=True, progress=False)
+        evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, progress=False)
+    resumed = evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, resume=True, progress=False)
     assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
     for a, b in zip(resumed, summaries, strict=True):
         assert {k: a[k] for k in ("quality", "acceptance_rate", "tau")} == {
@@ -173,9 +174,9 @@ def test_a_cut_at_any_byte_of_the_last_two_rows_keeps_whole_rows_and_redoes_the_
         assert done == full[:whole], cut
         assert path.read_bytes() == data[:ends[whole - 1]], cut  # cut short dropped, newline restored
         # What a resume then appends: the rows not done, one per line.
-        keys = {(r["example"], r["method"]) for r in done}
+        keys = {(r["example"], r["verification"]) for r in done}
         with open(path, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in full if (r["example"], r["method"]) not in keys)
+            f.writelines(json.dumps(r) + "\n" for r in full if (r["example"], r["verification"]) not in keys)
         assert path.read_bytes() == data, cut
 
 
@@ -187,7 +188,7 @@ def test_resume_after_a_cut_inside_the_last_rows(complete, pair, task, tmp_path,
     data = (tmp_path / RESULTS_FILE).read_bytes()
     cut = data.rstrip(b"\n").rfind(b"\n") + 1 - back
     (tmp_path / RESULTS_FILE).write_bytes(data[:cut])
-    evaluate(pair, task, METHODS, CONFIG, tmp_path, resume=True, progress=False)
+    evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, resume=True, progress=False)
     assert [without_timing(r) for r in rows(tmp_path)] == [without_timing(r) for r in rows(out_complete)]
 
 
@@ -196,19 +197,19 @@ def test_resume_inside_a_batch_reruns_the_group_with_its_seed(pair, task, tmp_pa
     rows get the batch and seed an unbroken run gave them (sampled, so a changed seed would show)."""
     config = replace(CONFIG, batch_size=3, temperature=1.0)
     unbroken = tmp_path / "unbroken"
-    evaluate(pair, task, METHODS, config, unbroken, progress=False)
+    evaluate(pair, task, VERIFICATIONS, config, unbroken, progress=False)
     full = rows(unbroken)
-    first_group = [r for r in full if r["index"] < 3 and r["method"] == METHODS[0]]
+    first_group = [r for r in full if r["index"] < 3 and r["verification"] == VERIFICATIONS[0]]
     cut = tmp_path / "cut"
     shutil.copytree(unbroken, cut)
     (cut / RESULTS_FILE).write_text(json.dumps(first_group[0]) + "\n")  # one row of the first batch written
-    evaluate(pair, task, METHODS, config, cut, resume=True, progress=False)
+    evaluate(pair, task, VERIFICATIONS, config, cut, resume=True, progress=False)
     assert sorted(map(json.dumps, map(without_timing, rows(cut)))) == sorted(map(json.dumps, map(without_timing, full)))
 
 
 SMALL = EvalConfig("small", temperature=0.0, draft_length=3, max_new_tokens=6, limit=1)
-REFUSED = {  # what is wrong: (methods, settings, the error's words)
-    "a method twice": ("exact,exact", {}, "twice"),
+REFUSED = {  # what is wrong: (verifications, settings, the error's words)
+    "a verification twice": ("exact,exact", {}, "twice"),
     "a head that is not there": ("diversed:{tmp}/no-head", {}, "no head checkpoint"),
     "limit 0": ("exact", {"limit": 0}, "limit must be at least 1"),
     "max_new_tokens 0": ("exact", {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
@@ -234,13 +235,13 @@ def small_task(tmp_path):
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_a_refused_evaluation_writes_nothing_and_the_corrected_one_runs(case, pair, small_task, tmp_path):
-    methods, settings, message = REFUSED[case]
+    verifications, settings, message = REFUSED[case]
     out = tmp_path / "eval"
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        evaluate(pair, small_task, methods.format(tmp=tmp_path), replace(SMALL, **settings), out, progress=False)
+        evaluate(pair, small_task, verifications.format(tmp=tmp_path), replace(SMALL, **settings), out, progress=False)
     assert not out.exists()
     evaluate(pair, small_task, ["exact"], SMALL, out, progress=False)
-    assert [(r["example"], r["method"]) for r in rows(out)] == [("1", "exact")]
+    assert [(r["example"], r["verification"]) for r in rows(out)] == [("1", "exact")]
 
 
 def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens(pair, small_task, tmp_path):
@@ -250,9 +251,9 @@ def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens
     task = replace(small_task, examples=lambda split, limit=None: examples[:limit])
     config = replace(SMALL, prediction=True, drafter="auto", max_new_tokens=8)
     evaluate(pair, task, ["plain", "exact"], config, tmp_path / "eval", progress=False)
-    by_method = {r["method"]: r for r in rows(tmp_path / "eval") if r["example"] == "1"}
-    assert "accepted_prediction_tokens" not in by_method["plain"]
-    exact = by_method["exact"]
+    by_verification = {r["verification"]: r for r in rows(tmp_path / "eval") if r["example"] == "1"}
+    assert "accepted_prediction_tokens" not in by_verification["plain"]
+    exact = by_verification["exact"]
     assert exact["accepted_prediction_tokens"] + exact["rejected_prediction_tokens"] == 4
 
 
@@ -271,14 +272,14 @@ def test_resume_refuses_a_different_setting(complete, pair, task):
     out, _ = complete
     other = run.EvalConfig(**{**run.asdict(CONFIG), "temperature": 0.5})
     with pytest.raises(ValueError, match="temperature"):
-        evaluate(pair, task, METHODS, other, out, resume=True, progress=False)
+        evaluate(pair, task, VERIFICATIONS, other, out, resume=True, progress=False)
     # A setting that the saved run does not record (written by an older version) is named too.
     cut_off = run.EvalConfig(**{**run.asdict(CONFIG), "draft_confidence": 0.4})
     saved = json.loads((out / run.CONFIG_FILE).read_text())
     (out / run.CONFIG_FILE).write_text(json.dumps({k: v for k, v in saved.items() if k != "draft_confidence"}))
     try:
         with pytest.raises(ValueError, match="draft_confidence"):
-            evaluate(pair, task, METHODS, cut_off, out, resume=True, progress=False)
+            evaluate(pair, task, VERIFICATIONS, cut_off, out, resume=True, progress=False)
     finally:
         (out / run.CONFIG_FILE).write_text(json.dumps(saved))
 
@@ -294,43 +295,44 @@ def test_two_ranks_under_torchrun_give_the_same_results(complete, tmp_path):
     assert not list(tmp_path.glob("results.rank*.jsonl"))
 
 
-def test_method_lists_are_checked():
-    assert parse_methods("plain, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
+def test_verification_lists_are_checked():
+    assert parse_verifications("plain, exact,static:0.7,hf-static:0.5,hf-exact,diversed:gsm8k,diversed") == [
         "plain", "exact", "static:0.7", "hf-static:0.5", "hf-exact", "diversed:gsm8k", "diversed"]
-    # one spelling per method, so that a resumed run or a report finds rows written under another
-    assert parse_methods(["static:.70", "lossy:1e-1", "hf-static:.5", "diversed:gsm8k@+1.0", "diversed:@-0.50"]) == [
+    # one spelling per verification, so that a resumed run or a report finds rows written under another
+    assert parse_verifications(["static:.70", "lossy:1e-1", "hf-static:.5", "diversed:gsm8k@+1.0",
+                                "diversed:@-0.50"]) == [
         "static:0.7", "lossy:0.1", "hf-static:0.5", "diversed:gsm8k@+1", "diversed:@-0.5"]
     for bad, message in (("exact,exact", "twice"), ("diversed:gsm8k@1,diversed:gsm8k@+1.0", "twice"),
                          ("diversed:gsm9k", "no head checkpoint"),
                          ("hf-static", "hf-static:W"), ("hf-static:1.5", "0 < W"),
-                         ("static", "needs weight"), ("nope", "must be one of"), ("", "no methods")):
+                         ("static", "needs weight"), ("nope", "must be one of"), ("", "no verifications")):
         with pytest.raises((ValueError, FileNotFoundError), match=message):
-            parse_methods(bad)
+            parse_verifications(bad)
 
 
-def test_resuming_with_other_methods_adds_them_and_keeps_the_rest(complete, pair, task, tmp_path):
+def test_resuming_with_other_verifications_adds_them_and_keeps_the_rest(complete, pair, task, tmp_path):
     out_complete, _ = complete
     shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
     summaries = evaluate(pair, task, ["plain", "static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
     assert [s["method"] for s in summaries] == ["plain", "static:0.9"]
-    methods = {r["method"] for r in rows(tmp_path)}
-    assert methods == {*METHODS, "static:0.9"} and len(rows(tmp_path)) == 7 * (len(METHODS) + 1)
+    verifications = {r["verification"] for r in rows(tmp_path)}
+    assert verifications == {*VERIFICATIONS, "static:0.9"} and len(rows(tmp_path)) == 7 * (len(VERIFICATIONS) + 1)
     # The earlier rows are left byte for byte where they were: a committed file's diff is the added rows.
     before = (out_complete / RESULTS_FILE).read_bytes()
     assert (tmp_path / RESULTS_FILE).read_bytes().startswith(before)
-    # The folder's report is of every method in it, not only the resumed run's.
-    assert [s["method"] for s in json.loads((tmp_path / "summary.json").read_text())] == [*METHODS, "static:0.9"]
+    # The folder's report is of every verification in it, not only the resumed run's.
+    assert [s["method"] for s in json.loads((tmp_path / "summary.json").read_text())] == [*VERIFICATIONS, "static:0.9"]
 
 
-def test_a_method_stopped_early_is_left_out_of_the_folders_report_not_the_others(complete, pair, task, tmp_path):
+def test_a_verification_stopped_early_is_left_out_of_the_folders_report_not_the_others(complete, pair, task, tmp_path):
     out_complete, _ = complete
     shutil.copytree(out_complete, tmp_path, dirs_exist_ok=True)
-    stopped = METHODS[-1]
-    kept = [r for r in rows(out_complete) if r["method"] != stopped or r["index"] < 2]
+    stopped = VERIFICATIONS[-1]
+    kept = [r for r in rows(out_complete) if r["verification"] != stopped or r["index"] < 2]
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
     evaluate(pair, task, ["static:0.9"], CONFIG, tmp_path, resume=True, progress=False)
     report = json.loads((tmp_path / "summary.json").read_text())
-    assert [s["method"] for s in report] == [*METHODS[:-1], "static:0.9"]
+    assert [s["method"] for s in report] == [*VERIFICATIONS[:-1], "static:0.9"]
     assert all(s["examples"] == 7 for s in report)
 
 
@@ -377,19 +379,20 @@ def test_the_peer_writes_the_targets_greedy_text_and_its_ensemble_weight_acts(pa
 
 def test_paired_comparisons_with_bootstrap_intervals(complete):
     out, summaries = complete
-    by_method = {s["method"]: s for s in summaries}
-    assert by_method["plain"]["quality_vs_plain"] is None and by_method["exact"]["rejection_vs_exact"] is None
+    by_verification = {s["method"]: s for s in summaries}
+    assert by_verification["plain"]["quality_vs_plain"] is None
+    assert by_verification["exact"]["rejection_vs_exact"] is None
     results = rows(out)
-    reward = {m: sum(r["reward"] for r in results if r["method"] == m) / 7 for m in METHODS}
-    static = by_method["static:0.2"]
+    reward = {m: sum(r["reward"] for r in results if r["verification"] == m) / 7 for m in VERIFICATIONS}
+    static = by_verification["static:0.2"]
     assert static["quality_vs_plain"] == pytest.approx(reward["static:0.2"] - reward["plain"])
     assert static["quality_vs_plain_low"] <= static["quality_vs_plain"] <= static["quality_vs_plain_high"]
     # w = 0.2 keeps far more drafts than exact: its rejection rate is a fraction of exact's.
     assert static["rejection_vs_exact_low"] <= static["rejection_vs_exact"] <= static["rejection_vs_exact_high"] < 1
-    assert summarize_results(results, METHODS) == summaries  # the fixed seed makes the intervals repeatable
+    assert summarize_results(results, VERIFICATIONS) == summaries  # the fixed seed makes the intervals repeatable
 
 
-def test_two_methods_compared_directly_agree_with_the_summarys_paired_columns(complete):
+def test_two_verifications_compared_directly_agree_with_the_summarys_paired_columns(complete):
     from diversed.evaluation.report import compare
 
     out, summaries = complete
@@ -402,28 +405,29 @@ def test_two_methods_compared_directly_agree_with_the_summarys_paired_columns(co
                                                static["rejection_vs_exact_high"])
     assert versus_auto["rejection_ratio"] is None  # auto drafts nothing
     assert versus_exact["acceptance"]["static:0.2"] == pytest.approx(static["acceptance_rate"])
-    some = [r for r in rows(out) if r["method"] != "exact" or r["index"] < 3]  # exact stopped after 3 examples
+    some = [r for r in rows(out) if r["verification"] != "exact" or r["index"] < 3]  # exact stopped after 3 examples
     assert compare(some, "static:0.2", "exact")["examples"] == 3
     with pytest.raises(ValueError, match="no results for: static:0.9"):
         compare(rows(out), "static:0.2", "static:0.9")
-    apart = [r for r in rows(out) if (r["method"], r["index"] < 3) in (("static:0.2", True), ("exact", False))]
+    apart = [r for r in rows(out) if (r["verification"], r["index"] < 3) in (("static:0.2", True), ("exact", False))]
     with pytest.raises(ValueError, match="no example in common"):
         compare(apart, "static:0.2", "exact")
 
 
-def test_batched_evaluation_runs_every_method_on_every_example(pair, task, tmp_path):
+def test_batched_evaluation_runs_every_verification_on_every_example(pair, task, tmp_path):
     config = replace(CONFIG, batch_size=3)
-    summaries = evaluate(pair, task, METHODS, config, tmp_path, progress=False)
+    summaries = evaluate(pair, task, VERIFICATIONS, config, tmp_path, progress=False)
     results = rows(tmp_path)
-    assert {(r["example"], r["method"]) for r in results} == {(e.id, m) for e in task.examples() for m in METHODS}
-    assert len(results) == 7 * len(METHODS) and [s["method"] for s in summaries] == METHODS
+    assert {(r["example"], r["verification"]) for r in results} == {(e.id, m) for e in task.examples()
+                                                                   for m in VERIFICATIONS}
+    assert len(results) == 7 * len(VERIFICATIONS) and [s["method"] for s in summaries] == VERIFICATIONS
     # Batch throughput is not a single request's speed; the summary says which it is.
     assert "3 examples decoded together" in (tmp_path / "summary.md").read_text()
 
 
-def synthetic_rows(method: str, accepted: int, rewards: list[float]) -> list[dict]:
+def synthetic_rows(verification: str, accepted: int, rewards: list[float]) -> list[dict]:
     """One row per reward: 10 drafts each, `accepted` of them kept."""
-    return [{"example": f"e{i}", "method": method, "reward": r, "drafted": 10, "accepted": accepted,
+    return [{"example": f"e{i}", "verification": verification, "reward": r, "drafted": 10, "accepted": accepted,
              "new_tokens": 20, "target_forwards": 10, "wall_time": 1.0} for i, r in enumerate(rewards)]
 
 
@@ -438,8 +442,8 @@ def test_static_curve_is_interpolated_between_its_weights_and_never_extrapolated
     assert static_curve_quality([exact], 0.8) is None and static_curve_quality([exact, lenient], None) is None
 
 
-def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance():
-    methods = ["plain", "exact", "static:0.5", "diversed:head"]
+def test_a_verification_off_the_static_curve_is_compared_with_it_at_its_own_acceptance():
+    verifications = ["plain", "exact", "static:0.5", "diversed:head"]
     rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
     rows = (synthetic_rows("plain", 0, rewards) + synthetic_rows("exact", 8, rewards)
             + synthetic_rows("static:0.5", 9, [0] * 10) + synthetic_rows("diversed:head", 8, rewards))
@@ -447,19 +451,19 @@ def test_a_method_off_the_static_curve_is_compared_with_it_at_its_own_acceptance
         row["drafted"] = 0
     for i, row in enumerate(rows[-10:]):  # acceptance 0.85 overall: half the examples keep 9 of 10
         row["accepted"] = 9 if i % 2 else 8
-    by_method = {s["method"]: s for s in summarize_results(rows, methods)}
-    diversed = by_method["diversed:head"]
+    by_verification = {s["method"]: s for s in summarize_results(rows, verifications)}
+    diversed = by_verification["diversed:head"]
     # The curve at 0.85 is halfway between exact (0.6) and static:0.5 (0.0): 0.3; DIVERSED has 0.6.
     assert diversed["quality_vs_static"] == pytest.approx(0.3)
     assert diversed["quality_vs_static_low"] <= diversed["quality_vs_static"] <= diversed["quality_vs_static_high"]
-    assert all(by_method[m]["quality_vs_static"] is None for m in ("plain", "exact", "static:0.5"))
-    assert summarize_results(rows, methods) == list(by_method.values())  # fixed seed: repeatable
+    assert all(by_verification[m]["quality_vs_static"] is None for m in ("plain", "exact", "static:0.5"))
+    assert summarize_results(rows, verifications) == list(by_verification.values())  # fixed seed: repeatable
 
 
 def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_drawn(tmp_path):
     from diversed.evaluation.report import plot_tradeoffs
 
-    methods = ["plain", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
+    verifications = ["plain", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
     rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
     rows = (synthetic_rows("plain", 0, rewards) + synthetic_rows("exact", 8, rewards)
             + synthetic_rows("lossy:0.9", 9, [0] * 10) + synthetic_rows("cactus:1", 9, [0] * 10)
@@ -468,7 +472,7 @@ def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_draw
         row["drafted"] = 0
     for i, row in enumerate(rows[-10:]):
         row["accepted"] = 9 if i % 2 else 8
-    summaries = summarize_results(rows, methods)
+    summaries = summarize_results(rows, verifications)
     head = summaries[-1]
     assert head["quality_vs_lossy"] == pytest.approx(0.3) and head["quality_vs_static"] is None  # no static ran
     assert summaries[3]["quality_vs_lossy"] is not None  # cactus, on the lenience curve's range
@@ -489,9 +493,9 @@ def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
 def test_legend_labels_tell_heads_with_the_same_folder_name_apart():
     from diversed.evaluation.report import _labels
 
-    methods = ["exact", "diversed", "diversed:gsm8k", "diversed:runs/lambda0.3/head-step-12",
+    verifications = ["exact", "diversed", "diversed:gsm8k", "diversed:runs/lambda0.3/head-step-12",
                "diversed:runs/lambda1/head-step-12"]
-    assert _labels(methods) == {
+    assert _labels(verifications) == {
         "exact": "exact", "diversed": "diversed (packaged head)", "diversed:gsm8k": "diversed (gsm8k)",
         "diversed:runs/lambda0.3/head-step-12": "diversed (lambda0.3/head-step-12)",
         "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)"}
@@ -510,7 +514,7 @@ def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
     assert [(g["solved_by"], g["examples"]) for g in groups] == [(2, 2), (1, 2), (0, 2)]
     assert [g["quality"]["static:0.5"][0] for g in groups] == [0.5, 0.5, 0.5]
     assert all(low <= mean <= high for g in groups for mean, low, high in g["quality"].values())
-    # Only the examples every shown method finished; a group may be empty.
+    # Only the examples every shown verification finished; a group may be empty.
     groups = quality_by_reference_agreement(rows, ["static:0.5", "late"], ["plain", "exact"])
     assert [g["examples"] for g in groups] == [2, 0, 0] and groups[1]["quality"]["late"] is None
     with pytest.raises(ValueError, match="no results for: lenient"):
@@ -518,8 +522,8 @@ def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
 
 
 def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
-    """What a user waits: the mean wall time per example with its interval, and auto's time over the method's on
-    the examples both ran. A method writing three times longer answers in half the time is 6x faster in
+    """What a user waits: the mean wall time per example with its interval, and auto's time over the verification's on
+    the examples both ran. A verification writing three times longer answers in half the time is 6x faster in
     tokens/s but only 2x by time."""
     import csv
 
@@ -531,17 +535,17 @@ def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
         theirs["wall_time"], mine["wall_time"], mine["new_tokens"] = 2.0 * (i + 1), float(i + 1), 60
     auto[3]["wall_time"] = 100.0  # unpaired: it moves auto's own mean, not the paired speedup
     summaries = summarize_results(auto + lenient, ["plain", "lossy:0.5"])
-    by_method = {s["method"]: s for s in summaries}
-    mine = by_method["lossy:0.5"]
+    by_verification = {s["method"]: s for s in summaries}
+    mine = by_verification["lossy:0.5"]
     assert mine["time_per_example"] == pytest.approx(2.0) and mine["new_tokens"] == 60
     half = 1.959964 * 1.0 / 3 ** 0.5  # standard deviation 1 over 3 examples
     assert (mine["time_per_example_low"], mine["time_per_example_high"]) == (
         pytest.approx(2.0 - half, abs=1e-4), pytest.approx(2.0 + half, abs=1e-4))
-    assert by_method["plain"]["time_per_example"] == pytest.approx((2 + 4 + 6 + 100) / 4)
+    assert by_verification["plain"]["time_per_example"] == pytest.approx((2 + 4 + 6 + 100) / 4)
     # Every resample of the paired examples takes exactly half auto's time: the interval is the point.
     assert (mine["time_speedup"], mine["time_speedup_low"], mine["time_speedup_high"]) == (
         pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
-    assert by_method["plain"]["time_speedup"] is None
+    assert by_verification["plain"]["time_speedup"] is None
     assert mine["speedup"] > 3 * mine["time_speedup"]  # tokens/s counts the longer answers as speed
     table = markdown_table(summaries, "accuracy")
     assert "| s/example (95% CI) | speedup by time (95% CI) |" in table.splitlines()[0]
@@ -554,14 +558,27 @@ def test_time_per_example_and_the_speedup_over_auto_it_gives(tmp_path):
 
 
 def test_the_old_name_of_plain_decoding_still_works_for_a_release(tmp_path):
-    """Method 'auto' (the target alone) is 'plain' now: the old spelling works, with a warning, from Python and
+    """Verification 'auto' (the target alone) is 'plain' now: the old spelling works, with a warning, from Python and
     the command line alike, and rows of earlier evaluations that say 'auto' are read as 'plain'."""
     with pytest.warns(FutureWarning, match="'auto' is now 'plain'"):
-        assert Method.parse("auto") == Method("plain")
+        assert Verification.parse("auto") == Verification("plain")
     with pytest.warns(FutureWarning):
-        assert parse_methods("auto,exact") == ["plain", "exact"]
+        assert parse_verifications("auto,exact") == ["plain", "exact"]
     (tmp_path / "results.jsonl").write_text(json.dumps({"example": "a", "method": "auto", "reward": 1}) + "\n")
-    assert [r["method"] for r in load_done_rows(tmp_path / "results.jsonl")] == ["plain"]
+    assert [r["verification"] for r in load_done_rows(tmp_path / "results.jsonl")] == ["plain"]
+
+
+def test_rows_that_name_their_verification_method_report_and_resume_as_before(complete, pair, task, tmp_path):
+    """Until this release a row named its verification "method" (benchmarks/results holds many such rows): a
+    folder of them reports as one written today, and a resumed run finds them done."""
+    out, summaries = complete
+    shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
+    old = "".join(json.dumps({("method" if k == "verification" else k): v for k, v in r.items()}) + "\n"
+                  for r in rows(out))
+    (tmp_path / RESULTS_FILE).write_text(old)
+    assert run.report(tmp_path, "share") == summaries
+    assert evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, resume=True, progress=False) == summaries
+    assert (tmp_path / RESULTS_FILE).read_text() == old  # nothing run again
 
 
 def test_a_run_saved_with_the_old_name_of_draft_length_resumes(tmp_path):

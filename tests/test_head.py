@@ -11,7 +11,7 @@ from diversed.decoding.profile import PhaseClock
 from diversed.head.model import FEATURES, EnsembleHead, HeadConfig, LenienceHead, build, token_features
 from diversed.head.names import DEFAULT_HEAD, PRETRAINED, PRETRAINED_HEADS, head_folder
 from diversed.models.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 from diversed.verify import verify
 
 LENIENCE_KINDS = ("lenience", "lenience-target")
@@ -130,13 +130,14 @@ def test_a_lenience_head_reads_the_features_of_its_kind_only():
 
 @pytest.mark.parametrize("shift", [0.0, 1.5, -1.5])
 def test_the_target_only_head_verifies_copied_drafts_as_lossy_at_its_lenience(shift):
-    """Point-mass drafts (q one-hot) and no draft hidden state: the head's L, shifted by the method's dial, is
+    """Point-mass drafts (q one-hot) and no draft hidden state: the head's L, shifted by the verification's dial, is
     what "lossy" verifies with, decision for decision under one seed."""
     drafts, q, p, h_target = block(copied=True)
     head = randomised(build(HeadConfig(8, 12, kind="lenience-target")))
 
     def policy() -> Policy:
-        return Policy(Method("diversed", shift=shift or None), Sampling(1.0), torch.Generator().manual_seed(5), head)
+        return Policy(Verification("diversed", shift=shift or None), Sampling(1.0), torch.Generator().manual_seed(5),
+                      head)
 
     mine, same = policy(), policy()
     with torch.no_grad():

@@ -4,7 +4,7 @@ import torch
 
 from diversed.decoding.engine import decode
 from diversed.models.onednn import OneDNNLinear, use_onednn_linears
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
@@ -22,9 +22,10 @@ def test_models_with_onednn_decode_like_plain_ones():
     target = tiny_model(0, layers=3)
     draft = perturbed(target, 0.05, 1)
     prompts = [[1, 2, 3, 4], [5, 6]]
-    plain = decode(target, prompts, method=Method("plain"), sampling=Sampling(0), max_new_tokens=16)
+    plain = decode(target, prompts, verification=Verification("plain"), sampling=Sampling(0), max_new_tokens=16)
     use_onednn_linears(target)
     use_onednn_linears(draft)
     assert isinstance(target.lm_head, OneDNNLinear) and isinstance(target.model.layers[0].mlp.up_proj, OneDNNLinear)
-    fast = decode(target, prompts, draft=draft, method=Method("exact"), sampling=Sampling(0), max_new_tokens=16)
+    fast = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=Sampling(0),
+                  max_new_tokens=16)
     assert fast.tokens == plain.tokens

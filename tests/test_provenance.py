@@ -63,9 +63,9 @@ def test_generate_reports_an_origin_for_every_token_in_step_with_the_text():
     target = tiny_model(0, vocab=WORDS, hidden=32)
     pair = Pair(perturbed(target, 0.3, 1), target, word_tokenizer(), "tiny-draft", "tiny-target")
     prompts = ["t3 t4 t5", "t7 t8", "t9 t3 t9 t3"]
-    for method, temperature in (("lossy:0.9", 1.0), ("static:0.2", 1.0), ("exact", 0.0)):
-        completions = generate(pair, prompts, method=method, temperature=temperature, max_new_tokens=20, chat=False,
-                               batch_size=3, draft_length=4, provenance=True, stop=["t11"], seed=1)
+    for verification, temperature in (("lossy:0.9", 1.0), ("static:0.2", 1.0), ("exact", 0.0)):
+        completions = generate(pair, prompts, verification=verification, temperature=temperature, max_new_tokens=20,
+                               chat=False, batch_size=3, draft_length=4, provenance=True, stop=["t11"], seed=1)
         for c in completions:
             assert len(c.provenance) == len(c.tokens) == c.metrics["new_tokens"]
             assert [r["token_id"] for r in c.provenance] == c.tokens
@@ -73,7 +73,7 @@ def test_generate_reports_an_origin_for_every_token_in_step_with_the_text():
             assert {r["origin"] for r in c.provenance} <= set(ORIGINS)
             kept = sum(r["origin"] in ("kept", "relaxed") for r in c.provenance)
             assert kept <= c.metrics["accepted"]
-    relaxed = [r for c in generate(pair, prompts * 3, method="lossy:0.9", temperature=1.0, max_new_tokens=20,
+    relaxed = [r for c in generate(pair, prompts * 3, verification="lossy:0.9", temperature=1.0, max_new_tokens=20,
                                    chat=False, batch_size=9, draft_length=4, provenance=True, seed=2)
                for r in c.provenance if r["origin"] == "relaxed"]
     assert relaxed and all(r["exact_acceptance"] < r["acceptance"] for r in relaxed)

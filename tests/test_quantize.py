@@ -6,7 +6,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from diversed.decoding.engine import decode
 from diversed.models.quantize import Int8Linear, quantize_linears
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
@@ -59,9 +59,9 @@ def test_greedy_exact_with_a_quantized_draft_writes_the_targets_tokens(weights):
     target = tiny_model(0, layers=3)
     draft = quantize_linears(perturbed(target, 0.05, 1), weights)
     prompts = [[1, 2, 3, 4], [5, 6]]
-    plain = decode(target, prompts, method=Method("plain"), sampling=Sampling(0), max_new_tokens=16)
-    fast = decode(target, prompts, draft=draft, method=Method("exact"), sampling=Sampling(0), max_new_tokens=16,
-                  draft_length=4)
+    plain = decode(target, prompts, verification=Verification("plain"), sampling=Sampling(0), max_new_tokens=16)
+    fast = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=Sampling(0),
+                  max_new_tokens=16, draft_length=4)
     assert fast.tokens == plain.tokens
     assert sum(s.accepted for s in fast.stats) > 0
 
@@ -70,7 +70,7 @@ def test_greedy_exact_on_a_float16_weight_target_writes_its_own_tokens():
     target = quantize_linears(tiny_model(0, layers=3), "float16")
     draft = perturbed(tiny_model(0, layers=3), 0.05, 1)
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
-    plain = decode(target, prompts, method=Method("plain"), sampling=Sampling(0), max_new_tokens=16)
-    fast = decode(target, prompts, draft=draft, method=Method("exact"), sampling=Sampling(0), max_new_tokens=16,
-                  draft_length=3)
+    plain = decode(target, prompts, verification=Verification("plain"), sampling=Sampling(0), max_new_tokens=16)
+    fast = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=Sampling(0),
+                  max_new_tokens=16, draft_length=3)
     assert fast.tokens == plain.tokens

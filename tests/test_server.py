@@ -49,8 +49,8 @@ def server(pair, head_dir):
 
 def solo(pair: Pair, prompt: str, rule: str, max_tokens: int, head_dir: str, chat: bool = False) -> str:
     """What `generate` writes for the prompt alone at T = 0 with the server's drafting."""
-    method = f"diversed:{head_dir}" if rule == "diversed" else rule
-    return generate(pair, prompt, method=method, temperature=0, max_new_tokens=max_tokens, chat=chat,
+    verification = f"diversed:{head_dir}" if rule == "diversed" else rule
+    return generate(pair, prompt, verification=verification, temperature=0, max_new_tokens=max_tokens, chat=chat,
                     draft_length=DRAFTING)[0].text
 
 
@@ -119,16 +119,16 @@ def test_a_heads_shift_travels_in_the_verification_string(server, pair, head_dir
     url, _ = server
     out = client(url).completions.create(model="tiny-target", prompt="t13 t14 t15", max_tokens=20, temperature=0,
                                          extra_body={"verification": "diversed:flat@+1"})
-    alone = generate(pair, "t13 t14 t15", method=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
+    alone = generate(pair, "t13 t14 t15", verification=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
                      chat=False, draft_length=DRAFTING)[0].text
     assert out.choices[0].text == alone
     assert out.model_extra["speculative"]["verification"] == "diversed:flat@+1"
 
 
-def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_method(pair, head_dir):
-    """With --method diversed:flat@+1: a request naming only a head keeps the shift, and one asking for plain
-    "diversed" gets the --method's head, not the first one loaded."""
-    with serving(pair, heads={"other": head_dir, "flat": head_dir}, method="diversed:flat@+1") as (url, _):
+def test_requests_without_a_rule_of_their_own_follow_the_servers_diversed_verification(pair, head_dir):
+    """With --verification diversed:flat@+1: a request naming only a head keeps the shift, and one asking for plain
+    "diversed" gets the --verification's head, not the first one loaded."""
+    with serving(pair, heads={"other": head_dir, "flat": head_dir}, verification="diversed:flat@+1") as (url, _):
         labels = [client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=4, temperature=0,
                                                  extra_body=extra).model_extra["speculative"]["verification"]
                   for extra in ({}, {"head": "other"}, {"verification": "diversed"})]
@@ -295,6 +295,14 @@ def test_bad_requests_get_400_naming_the_field(server, body, param):
     assert error.value.status_code == 400
     assert error.value.body["param"] == param and error.value.body["type"] == "invalid_request_error"
     assert error.value.body["message"]
+
+
+def test_a_bad_rule_is_refused_in_the_words_of_the_field_verification(server):
+    url, _ = server
+    with pytest.raises(openai.BadRequestError) as error:
+        client(url).completions.create(model="tiny-target", prompt="t3", max_tokens=4,
+                                       extra_body={"verification": "strict"})
+    assert error.value.body["message"].startswith("verification must be one of ("), error.value.body
 
 
 def test_bad_chat_and_invalid_json_get_400(server):

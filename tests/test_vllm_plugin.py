@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from diversed.integrations.vllm import KEY, check_request, parse_verification, request_method
+from diversed.integrations.vllm import KEY, check_request, parse_verification, request_verification
 from diversed.models.default_pair import cache_dir
-from diversed.request import Method
+from diversed.request import Verification
 
 PROMPTS = ["def reverse(s):", "Write a Python function that checks whether a number is prime."]
 TOKENS = 48
@@ -34,21 +34,22 @@ class _Spec:
 
 
 def test_request_to_rule():
-    static = Method("static", weight=0.7)
-    assert request_method({KEY: "static:0.7"}) == static
-    assert request_method({KEY: " static:0.7 "}) == static
-    assert request_method(None) is None and request_method({}) is None and request_method({"other": 1}) is None
-    assert request_method(None, default=static) == static  # the server-wide default
-    assert request_method({KEY: "vllm"}, default=static) is None  # a request's way back to vLLM's own path
-    assert parse_verification("diversed:@+1") == Method("diversed", shift=1.0)
-    assert parse_verification("typical") == Method("typical")
+    static = Verification("static", weight=0.7)
+    assert request_verification({KEY: "static:0.7"}) == static
+    assert request_verification({KEY: " static:0.7 "}) == static
+    assert request_verification(None) is None and request_verification({}) is None
+    assert request_verification({"other": 1}) is None
+    assert request_verification(None, default=static) == static  # the server-wide default
+    assert request_verification({KEY: "vllm"}, default=static) is None  # a request's way back to vLLM's own path
+    assert parse_verification("diversed:@+1") == Verification("diversed", shift=1.0)
+    assert parse_verification("typical") == Verification("typical")
     for bad, says in (("static", "needs weight"), ("static:2", "weight must be in [0, 1]"), ("nope", "'nope'"),
                       ("plain", "verifies nothing"), ("dynamic", "'diversed'"), ("diversed:/no/head", "no head")):
         with pytest.raises(ValueError, match="use one of exact, lossy:LENIENCE") as err:
-            request_method({KEY: bad})
+            request_verification({KEY: bad})
         assert says in str(err.value)
     with pytest.raises(ValueError, match="must be a string"):
-        request_method({KEY: 0.7})
+        request_verification({KEY: 0.7})
     check_request({KEY: "diversed"}, _Spec("draft_model"))
     with pytest.raises(ValueError, match="needs speculative decoding"):
         check_request({KEY: "exact"}, None)

@@ -29,7 +29,7 @@ from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
 from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel
-from diversed.request import ContextTooLong, DraftLength, Method, RequestError, Sampling
+from diversed.request import ContextTooLong, DraftLength, RequestError, Sampling, Verification, renamed_keywords
 from diversed.verify import Verdict
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
@@ -53,6 +53,7 @@ class Generation:
         return summarize(self.stats, self.wall_time)
 
 
+@renamed_keywords(method="verification")
 @torch.inference_mode()
 def decode(
     target,
@@ -61,7 +62,7 @@ def decode(
     draft=None,
     drafter: str | Drafter | None = None,
     cache: SuffixCache | None = None,
-    method: Method = Method("exact"),
+    verification: Verification = Verification("exact"),
     sampling: Sampling = Sampling(),
     draft_length: int | DraftLength = DraftLength(),
     max_new_tokens: int = 128,
@@ -75,12 +76,12 @@ def decode(
     predictions: Sequence[Sequence[int] | None] | None = None,
     provenance: bool = False,
 ) -> Generation:
-    """Generate up to max_new_tokens after each prompt (token ids) with `method`.
+    """Generate up to max_new_tokens after each prompt (token ids) with `verification`.
 
     target, draft: backend models (diversed.backends) or transformers models. drafter: one of
     diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix"), or a Drafter; default: "model"
     with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share (default: a new
-    one). Method "plain" decodes with the target alone; every other method needs a drafter, and "diversed" a
+    one). Verification "plain" decodes with the target alone; every other one needs a drafter, and "diversed" a
     weight_fn (the trained head) that turns both models' last hidden states into a weight per drafted
     position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a
     stop string, or at max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the
@@ -101,12 +102,12 @@ def decode(
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
                          "logits)")
-    if method.name == "plain":
+    if verification.name == "plain":
         drafter = None
     elif isinstance(drafter, str) or (drafter is None and draft is not None):
         drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=draft_length.confidence,
                                cache=cache)
-    policy = Policy(method, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
+    policy = Policy(verification, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
     batch = Batch(target, drafter, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile)
     predictions = predictions or [None] * len(prompts)
@@ -224,7 +225,7 @@ class Batch:
 
     def check(self, job: Job) -> None:
         """Refuse (ValueError) a job this batch cannot run: a prompt that is empty, outside the vocabulary or
-        too long for a model's context with max_new_tokens and a round of drafts; a method without its
+        too long for a model's context with max_new_tokens and a round of drafts; a verification without its
         drafter or head."""
         policy = job.policy
         if not job.prompt:
@@ -232,19 +233,20 @@ class Batch:
         if job.max_new_tokens < 1:
             raise RequestError("max_new_tokens", f"{{}} must be >= 1, got {job.max_new_tokens}")
         if policy.drafts and self.drafter is None:
-            raise ValueError(f"method {policy.method.label!r} needs a drafter (a draft model, or a drafter that "
-                             "copies: 'lookup', 'suffix')")
-        if policy.method.rule == "dynamic" and policy.weight_fn is None:
-            raise ValueError(f"method {policy.method.label!r} needs a weight_fn (a trained head) for its weights")
+            raise ValueError(f"verification {policy.verification.label!r} needs a drafter (a draft model, or a "
+                             "drafter that copies: 'lookup', 'suffix')")
+        if policy.verification.rule == "dynamic" and policy.weight_fn is None:
+            raise ValueError(f"verification {policy.verification.label!r} needs a weight_fn (a trained head) for its "
+                             "weights")
         if policy.reads_draft_hidden:
             drafter = policy.drafter if policy.drafter != "auto" else self.drafter.name
             if not self.drafter.has_hidden or drafter not in ("auto", "model"):
-                raise RequestError("drafter", f"method {policy.method.label!r} has a mixture head, which reads the "
-                                              f"draft model's hidden states: {{}} {drafter!r} has none (use 'model' "
-                                              "or 'auto' with a draft model)")
+                raise RequestError("drafter", f"verification {policy.verification.label!r} has a mixture head, which "
+                                              f"reads the draft model's hidden states: {{}} {drafter!r} has none (use "
+                                              "'model' or 'auto' with a draft model)")
             if job.prediction is not None:
-                raise RequestError("prediction", f"method {policy.method.label!r} has a mixture head, which verifies "
-                                                 "the draft model's drafts only: a {} would go unused")
+                raise RequestError("prediction", f"verification {policy.verification.label!r} has a mixture head, "
+                                                 "which verifies the draft model's drafts only: a {} would go unused")
         _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
         if job.prediction is not None and self.target.context_length is not None and \
                 len(job.prompt) + len(job.prediction) > self.target.context_length:

@@ -1,4 +1,4 @@
-"""How each row of a batch is decoded: its method, sampling, random stream and head (a Policy), and the
+"""How each row of a batch is decoded: its verification, sampling, random stream and head (a Policy), and the
 per-round sampling and verification of a batch whose rows may follow different policies.
 
 Rows that share one Policy object are sampled and verified together, one call of diversed.verify per
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import probabilities, sample_tokens
-from diversed.request import Method, Sampling
+from diversed.request import Sampling, Verification
 from diversed.verify import Verdict, verify
 
 # (draft hidden [B, N, d_draft], target hidden [B, N, d_target]) -> target weight w [B, N] in [0, 1].
@@ -35,7 +35,7 @@ Output = TypeVar("Output", Tensor, Verdict)
 class LenienceFn(Protocol):
     """A head that sets rule "lossy"'s lenience per drafted token instead of a mixture weight
     (diversed.head.model.LenienceHead): lenience(drafts [B, N], q [B, N, V], p [B, N, V], target hidden
-    [B, N, d_target], shift) -> L [B, N] in [0, 1), the method's dial already applied. It reads no draft
+    [B, N, d_target], shift) -> L [B, N] in [0, 1), the verification's dial already applied. It reads no draft
     hidden state: q is None where the drafts were copied (point masses)."""
 
     def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None
@@ -44,12 +44,12 @@ class LenienceFn(Protocol):
 
 @dataclass(eq=False)
 class Policy:
-    """How a row is decoded. method: "plain" (the target alone) or a rule; weight_fn: the head of a
-    "diversed"/"dynamic" method; generator: the row's random stream; max_drafts: at most this many drafts
+    """How a row is decoded. verification: "plain" (the target alone) or a rule; weight_fn: the head of a
+    "diversed"/"dynamic" verification; generator: the row's random stream; max_drafts: at most this many drafts
     a round for this row (None: the batch's draft length); drafter: which of an "auto" drafter's members may
     draft for this row ("auto": any)."""
 
-    method: Method = Method("exact")
+    verification: Verification = Verification("exact")
     sampling: Sampling = Sampling()
     generator: torch.Generator | None = None
     weight_fn: WeightFn | None = None
@@ -58,13 +58,13 @@ class Policy:
 
     @property
     def drafts(self) -> bool:
-        return self.method.name != "plain"
+        return self.verification.name != "plain"
 
     @property
     def reads_draft_hidden(self) -> bool:
         """Whether its head reads the draft model's hidden states (a mixture head: then only the draft model's
         drafts can be verified); a lenience head reads the target's alone."""
-        return self.method.rule == "dynamic" and not isinstance(self.weight_fn, LenienceFn)
+        return self.verification.rule == "dynamic" and not isinstance(self.weight_fn, LenienceFn)
 
 
 class Groups:
@@ -82,7 +82,7 @@ class Groups:
     @property
     def hidden(self) -> bool:
         """Whether any row needs the target's hidden states (a head)."""
-        return any(policy.method.rule == "dynamic" for policy, _ in self.groups)
+        return any(policy.verification.rule == "dynamic" for policy, _ in self.groups)
 
     @property
     def draft_hidden(self) -> bool:
@@ -128,7 +128,7 @@ class Groups:
         p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
         bonus token from p after them), in one call of the rule per draft length among a group's rows."""
         def one(policy: Policy, rows: slice | list[int]) -> Verdict:
-            rule, params = policy.method.rule or "exact", policy.method.verify_params()
+            rule, params = policy.verification.rule or "exact", policy.verification.verify_params()
             if rule == "dynamic":
                 with clock.phase("head"):
                     rule, params = _head_parameters(policy, drafts[rows], None if q is None else q[rows], p[rows, :n],
@@ -194,8 +194,8 @@ class Groups:
 def _head_parameters(policy: Policy, drafts: Tensor, q: Tensor | None, p: Tensor, h_draft: Tensor | None,
                      h_target: Tensor) -> tuple[str, dict]:
     """The rule and per-token parameter a head sets for its rows' drafts [B, N]: a lenience head's L for
-    "lossy" (LenienceFn), else the weight function's w for "dynamic", each with the method's dial."""
-    head, shift = policy.weight_fn, policy.method.shift
+    "lossy" (LenienceFn), else the weight function's w for "dynamic", each with the verification's dial."""
+    head, shift = policy.weight_fn, policy.verification.shift
     if isinstance(head, LenienceFn):
         return "lossy", {"lenience": _checked(head.lenience(drafts, q, p, h_target, shift), drafts.shape,
                                               "lenience", "[0, 1)")}
@@ -223,7 +223,7 @@ def _round_streams(policy: Policy) -> tuple[torch.Generator | None, torch.Genera
 
 
 def shifted(weight: Tensor, shift: float | None) -> Tensor:
-    """The head's strictness dial (Method.shift): w -> sigmoid(logit(w) + shift); w = 0 and 1 stay put."""
+    """The head's strictness dial (Verification.shift): w -> sigmoid(logit(w) + shift); w = 0 and 1 stay put."""
     if not shift:
         return weight
     return torch.sigmoid(torch.logit(weight.float()) + shift).to(weight.dtype)

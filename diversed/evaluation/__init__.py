@@ -1,1 +1,1 @@
-"""Evaluation and reporting: methods side by side on a task, tables and pictures."""
+"""Evaluation and reporting: verifications side by side on a task, tables and pictures."""

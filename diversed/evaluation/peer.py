@@ -32,8 +32,8 @@ def assisted_generate(pair: Pair, prompt: Sequence[int], sampling: Sampling, *, 
     checked as ours checks them (transformers' own stop_strings cannot read every tokenizer).
     """
     if not all(hasattr(m, "model") and hasattr(m.model, "generate") for m in (pair.draft, pair.target)):
-        raise ValueError("transformers' assisted generation (hf-* methods) needs the pair on the transformers "
-                         "backend (--backend transformers)")
+        raise ValueError("transformers' assisted generation (the hf-* verifications) needs the pair on the "
+                         "transformers backend (--backend transformers)")
     draft, target = pair.draft.model, pair.target.model
     defaults = GenerationConfig()
     # Explicit values throughout: unset ones would be filled from the model's generation config and then

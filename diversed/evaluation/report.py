@@ -11,6 +11,8 @@ from pathlib import Path
 
 from scipy.stats import binomtest, norm, sem
 
+# A summary's first column, the verification, keeps its name "method": the tables and summary files of the
+# evaluations committed under benchmarks/results (and benchmarks/pick_points.py, which reads them) stay as they were.
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_plain", "quality_vs_plain_low",
            "quality_vs_plain_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
            "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high",
@@ -20,26 +22,26 @@ COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "qual
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
-def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
-    """One summary per method, in the given order, recomputed from the result rows.
+def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> list[dict]:
+    """One summary per verification, in the given order, recomputed from the result rows.
 
     quality: mean reward with a 95% interval (Wilson's for 0/1 rewards, normal otherwise);
     acceptance_rate: accepted / drafted over all examples; tau: new tokens / target forwards;
     tokens_per_s: new tokens / wall time over all examples; speedup: tokens/s over plain's; new_tokens: mean
     new tokens per example; time_per_example: mean wall time per example, in seconds, with a 95% normal
-    interval (what a user waits for an answer: unlike tokens/s, it counts a method that writes longer answers
-    as slower).
-    Paired comparisons on the examples both methods ran, with 95% percentile-bootstrap intervals (resampling
-    examples, fixed seed): quality_vs_plain, the difference in mean reward from plain's; rejection_vs_exact,
-    the method's rejection rate (1 - acceptance) over exact's (0.5 = half as many drafts rejected);
-    quality_vs_static, for a method off the static curve (DIVERSED, lossy, ...), its quality minus the static
-    ensemble's at the same acceptance (static_curve_quality); quality_vs_lossy, the same against the lenience
-    curve (exact and the lossy:L that ran); time_speedup, plain's total wall time over the method's on the same
-    examples (speedup from time per example).
+    interval (what a user waits for an answer: unlike tokens/s, it counts a verification that writes longer
+    answers as slower).
+    Paired comparisons on the examples both verifications ran, with 95% percentile-bootstrap intervals
+    (resampling examples, fixed seed): quality_vs_plain, the difference in mean reward from plain's;
+    rejection_vs_exact, the verification's rejection rate (1 - acceptance) over exact's (0.5 = half as many
+    drafts rejected); quality_vs_static, for a verification off the static curve (DIVERSED, lossy, ...), its
+    quality minus the static ensemble's at the same acceptance (static_curve_quality); quality_vs_lossy, the
+    same against the lenience curve (exact and the lossy:L that ran); time_speedup, plain's total wall time over
+    the verification's on the same examples (speedup from time per example).
     """
     summaries = []
-    for method in methods:
-        mine = [r for r in rows if r["method"] == method]
+    for verification in verifications:
+        mine = [r for r in rows if r["verification"] == verification]
         if not mine:
             continue
         rewards, times = [r["reward"] for r in mine], [r["wall_time"] for r in mine]
@@ -47,7 +49,7 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
         new_tokens = sum(r["new_tokens"] for r in mine)
         forwards = sum(r["target_forwards"] for r in mine)
         summaries.append({
-            "method": method, "examples": len(mine), "quality": sum(rewards) / len(rewards),
+            "method": verification, "examples": len(mine), "quality": sum(rewards) / len(rewards),
             "quality_low": low, "quality_high": high,
             "acceptance_rate": _acceptance(mine),
             "tau": new_tokens / forwards if forwards else None,
@@ -55,88 +57,91 @@ def summarize_results(rows: Sequence[dict], methods: Sequence[str]) -> list[dict
             "new_tokens": new_tokens / len(mine), "time_per_example": sum(times) / len(times),
             **dict(zip(("time_per_example_low", "time_per_example_high"), _normal_interval(times), strict=True))})
     plain = next((s for s in summaries if s["method"] == "plain"), None)
-    by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in methods}
-    curve = [m for m in methods if _on_static_curve(m)]
-    lenience = [m for m in methods if m == "exact" or m.startswith("lossy:")]
+    by_verification = {m: {r["example"]: r for r in rows if r["verification"] == m} for m in verifications}
+    curve = [m for m in verifications if _on_static_curve(m)]
+    lenience = [m for m in verifications if m == "exact" or m.startswith("lossy:")]
     for s in summaries:
         s["speedup"] = s["tokens_per_s"] / plain["tokens_per_s"] if plain else None
-        method = s["method"]
+        verification = s["method"]
         for key, others, statistic in (("quality_vs_plain", ["plain"], _quality_difference),
                                        ("rejection_vs_exact", ["exact"], _rejection_ratio),
                                        ("quality_vs_static", curve, _quality_above_static_curve),
                                        ("quality_vs_lossy", lenience, _quality_above_static_curve),
                                        ("time_speedup", ["plain"], _time_speedup)):
-            compared = (_paired_bootstrap({m: by_method[m] for m in [method, *others]},
-                                          partial(statistic, method, others))
-                        if others and method not in others and set(others) <= by_method.keys() else None)
+            compared = (_paired_bootstrap({m: by_verification[m] for m in [verification, *others]},
+                                          partial(statistic, verification, others))
+                        if others and verification not in others and set(others) <= by_verification.keys() else None)
             s[key], s[key + "_low"], s[key + "_high"] = compared or (None, None, None)
     return summaries
 
 
-def quality_by_reference_agreement(rows: Sequence[dict], methods: Sequence[str],
+def quality_by_reference_agreement(rows: Sequence[dict], verifications: Sequence[str],
                                    reference: Sequence[str]) -> list[dict]:
-    """Where a method loses its quality: the examples grouped by how many of the reference methods (runs of
-    the target's own distribution, e.g. plain and exact) got reward 1 on them, from all down to none, and each
-    method's mean reward in each group with a 95% interval (_interval), on the examples that every method and
-    every reference ran. One dict per group: solved_by (k), examples, and {method: (mean, low, high) or None}.
+    """Where a verification loses its quality: the examples grouped by how many of the reference verifications
+    (runs of the target's own distribution, e.g. plain and exact) got reward 1 on them, from all down to none,
+    and each verification's mean reward in each group with a 95% interval (_interval), on the examples that
+    every verification and every reference ran. One dict per group: solved_by (k), examples, and
+    {verification: (mean, low, high) or None}.
     The references score 1 and 0 in the outer groups by construction, as they define them."""
-    by_method = {m: {r["example"]: r["reward"] for r in rows if r["method"] == m} for m in dict.fromkeys(
-        [*reference, *methods])}
-    missing = [m for m, rewards in by_method.items() if not rewards]
+    by_verification = {m: {r["example"]: r["reward"] for r in rows if r["verification"] == m} for m in dict.fromkeys(
+        [*reference, *verifications])}
+    missing = [m for m, rewards in by_verification.items() if not rewards]
     if missing:
         raise ValueError(f"no results for: {', '.join(missing)}")
-    shared = sorted(set.intersection(*(set(rewards) for rewards in by_method.values())))
+    shared = sorted(set.intersection(*(set(rewards) for rewards in by_verification.values())))
     groups = []
     for k in range(len(reference), -1, -1):
-        examples = [e for e in shared if sum(by_method[m][e] == 1 for m in reference) == k]
+        examples = [e for e in shared if sum(by_verification[m][e] == 1 for m in reference) == k]
         quality = {}
-        for method in methods:
-            rewards = [by_method[method][e] for e in examples]
-            quality[method] = (sum(rewards) / len(rewards), *_interval(rewards)) if rewards else None
+        for verification in verifications:
+            rewards = [by_verification[verification][e] for e in examples]
+            quality[verification] = (sum(rewards) / len(rewards), *_interval(rewards)) if rewards else None
         groups.append({"solved_by": k, "examples": len(examples), "quality": quality})
     return groups
 
 
-def compare(rows: Sequence[dict], method: str, other: str) -> dict:
-    """Two methods of an evaluation on the examples both finished, paired as summarize_results pairs each
-    method with plain and exact: `quality_difference` (method's mean reward minus other's) and `rejection_ratio`
-    (method's rejection rate over other's), each (estimate, low, high) with its 95% percentile-bootstrap
-    interval over examples (None where undefined), and each one's acceptance rate on those examples."""
-    by_method = {m: {r["example"]: r for r in rows if r["method"] == m} for m in (method, other)}
-    if missing := [m for m, mine in by_method.items() if not mine]:
+def compare(rows: Sequence[dict], verification: str, other: str) -> dict:
+    """Two verifications of an evaluation on the examples both finished, paired as summarize_results pairs
+    each verification with plain and exact: `quality_difference` (verification's mean reward minus other's) and
+    `rejection_ratio` (verification's rejection rate over other's), each (estimate, low, high) with its 95%
+    percentile-bootstrap interval over examples (None where undefined), and each one's acceptance rate on those
+    examples."""
+    by_verification = {m: {r["example"]: r for r in rows if r["verification"] == m} for m in (verification, other)}
+    if missing := [m for m, mine in by_verification.items() if not mine]:
         raise ValueError(f"no results for: {', '.join(missing)}")
-    shared = set(by_method[method]) & set(by_method[other])
+    shared = set(by_verification[verification]) & set(by_verification[other])
     if not shared:
-        raise ValueError(f"{method} and {other} have no example in common")
+        raise ValueError(f"{verification} and {other} have no example in common")
     return {"examples": len(shared),
-            "quality_difference": _paired_bootstrap(by_method, partial(_quality_difference, method, [other])),
-            "rejection_ratio": _paired_bootstrap(by_method, partial(_rejection_ratio, method, [other])),
-            "acceptance": {m: _acceptance([mine[e] for e in shared]) for m, mine in by_method.items()}}
+            "quality_difference": _paired_bootstrap(by_verification,
+                                                    partial(_quality_difference, verification, [other])),
+            "rejection_ratio": _paired_bootstrap(by_verification, partial(_rejection_ratio, verification, [other])),
+            "acceptance": {m: _acceptance([mine[e] for e in shared]) for m, mine in by_verification.items()}}
 
 
-def _quality_difference(method: str, others: list[str], rows: dict[str, list[dict]]) -> float:
-    return _mean_reward(rows[method]) - _mean_reward(rows[others[0]])
+def _quality_difference(verification: str, others: list[str], rows: dict[str, list[dict]]) -> float:
+    return _mean_reward(rows[verification]) - _mean_reward(rows[others[0]])
 
 
-def _rejection_ratio(method: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
-    mine, theirs = _rejection(rows[method]), _rejection(rows[others[0]])
+def _rejection_ratio(verification: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
+    mine, theirs = _rejection(rows[verification]), _rejection(rows[others[0]])
     return mine / theirs if mine is not None and theirs else None
 
 
-def _time_speedup(method: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
-    mine = sum(r["wall_time"] for r in rows[method])
+def _time_speedup(verification: str, others: list[str], rows: dict[str, list[dict]]) -> float | None:
+    mine = sum(r["wall_time"] for r in rows[verification])
     return sum(r["wall_time"] for r in rows[others[0]]) / mine if mine else None
 
 
-def _quality_above_static_curve(method: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
-    """The method's quality minus the curve's (static's, or any family's through exact) at its acceptance."""
-    static = static_curve_quality([rows[m] for m in curve], _acceptance(rows[method]))
-    return None if static is None else _mean_reward(rows[method]) - static
+def _quality_above_static_curve(verification: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
+    """The verification's quality minus the curve's (static's, or any family's through exact) at its acceptance."""
+    static = static_curve_quality([rows[m] for m in curve], _acceptance(rows[verification]))
+    return None if static is None else _mean_reward(rows[verification]) - static
 
 
 def static_curve_quality(curve: Sequence[list[dict]], acceptance: float | None) -> float | None:
     """The static ensemble's quality at this acceptance rate: linear between the two measured weights whose
-    acceptance rates enclose it (each method's rows give one point: acceptance over all its drafts, mean
+    acceptance rates enclose it (each verification's rows give one point: acceptance over all its drafts, mean
     reward); None outside the measured range, which is never extrapolated. Exact is the curve's w = 1 end."""
     points = sorted((a, _mean_reward(rows)) for rows in curve if (a := _acceptance(rows)) is not None)
     if acceptance is None or len(points) < 2 or not points[0][0] <= acceptance <= points[-1][0]:
@@ -147,13 +152,13 @@ def static_curve_quality(curve: Sequence[list[dict]], acceptance: float | None) 
     return None
 
 
-def _on_static_curve(method: str) -> bool:
-    return method == "exact" or method.startswith("static:")
+def _on_static_curve(verification: str) -> bool:
+    return verification == "exact" or verification.startswith("static:")
 
 
-def _static_weight(method: str) -> float:
-    """The target's weight of a method on the static curve: static:W -> W, exact -> 1."""
-    return 1.0 if method == "exact" else float(method.split(":")[1])
+def _static_weight(verification: str) -> float:
+    """The target's weight of a verification on the static curve: static:W -> W, exact -> 1."""
+    return 1.0 if verification == "exact" else float(verification.split(":")[1])
 
 
 def _mean_reward(rows: list[dict]) -> float:
@@ -170,13 +175,14 @@ def _rejection(rows: list[dict]) -> float | None:
     return None if acceptance is None else 1 - acceptance
 
 
-def _paired_bootstrap(by_method: dict[str, dict], statistic) -> tuple[float, float, float] | None:
-    """statistic({method: its rows}) over the examples every method ran, and its 95% percentile-bootstrap
-    interval, resampling those examples with a fixed seed (None if the statistic is undefined on them)."""
-    shared = sorted(set.intersection(*(set(rows) for rows in by_method.values())))
+def _paired_bootstrap(by_verification: dict[str, dict], statistic) -> tuple[float, float, float] | None:
+    """statistic({verification: its rows}) over the examples every verification ran, and its 95%
+    percentile-bootstrap interval, resampling those examples with a fixed seed (None if the statistic is
+    undefined on them)."""
+    shared = sorted(set.intersection(*(set(rows) for rows in by_verification.values())))
 
     def on(sample: list[str]):
-        return statistic({m: [rows[e] for e in sample] for m, rows in by_method.items()})
+        return statistic({m: [rows[e] for e in sample] for m, rows in by_verification.items()})
 
     estimate = on(shared) if shared else None
     if estimate is None:
@@ -378,25 +384,25 @@ def _training_steps(log: Path) -> list[dict]:
     return steps
 
 
-def _style(method: str) -> tuple[str, str, int]:
-    if method.startswith("diversed"):
+def _style(verification: str) -> tuple[str, str, int]:
+    if verification.startswith("diversed"):
         return "*", "tab:red", 14
-    if method.startswith("hf-"):
-        return ("P" if method == "hf-default" else "x"), "tab:gray", 9
-    if method.partition(":")[0] in FAMILIES:
-        return "o", FAMILIES[method.partition(":")[0]][1], 7
-    return {"plain": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(method, ("^", "tab:purple", 8))
+    if verification.startswith("hf-"):
+        return ("P" if verification == "hf-default" else "x"), "tab:gray", 9
+    if verification.partition(":")[0] in FAMILIES:
+        return "o", FAMILIES[verification.partition(":")[0]][1], 7
+    return {"plain": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(verification, ("^", "tab:purple", 8))
 
 
-def _labels(methods: list[str]) -> dict[str, str]:
+def _labels(verifications: list[str]) -> dict[str, str]:
     """Legend entries: diversed:PATH/TO/HEAD -> diversed (TO/HEAD), with the fewest trailing parts of the path
     that tell the heads apart (whole paths make poor legend entries; heads are often all "head-step-N")."""
-    heads = {m: Path(m.partition(":")[2]).parts for m in methods if m.startswith("diversed:")}
+    heads = {m: Path(m.partition(":")[2]).parts for m in verifications if m.startswith("diversed:")}
     depth = 1
     while len({parts[-depth:] for parts in heads.values()}) < len(heads) and depth < max(map(len, heads.values())):
         depth += 1
     return {m: f"diversed ({'/'.join(heads[m][-depth:])})" if m in heads
-            else "diversed (packaged head)" if m == "diversed" else m for m in methods}
+            else "diversed (packaged head)" if m == "diversed" else m for m in verifications}
 
 
 def _scale(value: float, key: str) -> float:

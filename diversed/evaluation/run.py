@@ -1,9 +1,10 @@
-"""`diversed eval`: several methods on the same examples, same seeds, one run; resumable and data-parallel.
+"""`diversed eval`: several verifications on the same examples, same seeds, one run; resumable and
+data-parallel.
 
-Every (example, method) result is one JSON line, appended and flushed as soon as it exists, so a killed
+Every (example, verification) result is one JSON line, appended and flushed as soon as it exists, so a killed
 run loses at most the generation in flight and `resume=True` picks up where it stopped. Under torchrun,
 rank r takes examples r, r + K, r + 2K, ... and writes its own part file; rank 0 merges them.
-Methods run in turn on each example, so every method sees the machine in the same state.
+Verifications run in turn on each example, so every verification sees the machine in the same state.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from diversed.folders import changed_settings, check_writable, saved_settings
 from diversed.generation import generate, load_head
 from diversed.head.names import head_folder
 from diversed.models.loading import Pair
-from diversed.request import DRAFTERS, RENAMED_METHODS, DraftLength, Method, Sampling
+from diversed.request import DRAFTERS, RENAMED_VERIFICATIONS, DraftLength, Sampling, Verification
 from diversed.text import cut_at_stop, encode_prompt
 
 PEERS = ("hf-exact", "hf-static", "hf-default")
@@ -51,7 +52,7 @@ class EvalConfig:
     dtype: str = ""
     draft_int8: bool = False  # asked for; it applies to float32 and float16 CPU drafts
     backend: str = ""
-    batch_size: int = 1  # examples decoded together per method (peers always run one at a time)
+    batch_size: int = 1  # examples decoded together per verification (peers always run one at a time)
     prediction: bool = False  # each example's input text (metadata["original"]) as its predicted output
 
     def __post_init__(self) -> None:
@@ -78,22 +79,22 @@ class EvalConfig:
         return DraftLength(self.draft_length, self.draft_schedule, longest, self.draft_confidence)
 
 
-def parse_methods(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
+def parse_verifications(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
     """'plain,exact,static:0.7,diversed:DIR,hf-exact,hf-static:0.7' -> validated labels, in order, each in its
     canonical spelling ('static:.70' -> 'static:0.7', 'diversed:x@+1.0' -> 'diversed:x@+1'), so that a resumed
-    run or a report finds the rows whatever the spelling. heads: check that each diversed method's head is
-    there (to run it; a report of its results needs none)."""
+    run or a report finds the rows whatever the spelling. heads: check that each diversed verification's head
+    is there (to run it; a report of its results needs none)."""
     labels = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
     if not labels:
-        raise ValueError("no methods given")
+        raise ValueError("no verifications given")
     canonical = [_canonical(label, heads) for label in labels]
     if len(set(canonical)) != len(canonical):
-        raise ValueError(f"a method is listed twice in {labels}")
+        raise ValueError(f"a verification is listed twice in {labels}")
     return canonical
 
 
 def _canonical(label: str, heads: bool) -> str:
-    """One method label checked and spelled canonically (see parse_methods)."""
+    """One verification label checked and spelled canonically (see parse_verifications)."""
     name, _, value = label.partition(":")
     if name in PEERS:
         try:
@@ -101,26 +102,27 @@ def _canonical(label: str, heads: bool) -> str:
         except ValueError:
             weight = -1.0
         if (name == "hf-static") != (weight is not None) or (weight is not None and not 0 < weight < 1):
-            raise ValueError(f"peer method {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
+            raise ValueError(f"peer {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
         return name if weight is None else f"{name}:{weight}"
-    method = Method.parse(label)
-    if method.name == "dynamic":
-        raise ValueError("method 'dynamic' needs a Python weight function; evaluate a trained head as diversed:DIR")
-    if method.name == "diversed" and heads:
-        head_folder(method.head)  # a missing head is found before the models load
-    return method.label
+    verification = Verification.parse(label)
+    if verification.name == "dynamic":
+        raise ValueError("verification 'dynamic' needs a Python weight function; evaluate a trained head as "
+                         "diversed:DIR")
+    if verification.name == "diversed" and heads:
+        head_folder(verification.head)  # a missing head is found before the models load
+    return verification.label
 
 
-def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
+def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
              resume: bool = False, progress: bool = True) -> list[dict]:
-    """Run every method on the task's examples and write results.jsonl, then the folder's report (report():
-    summary.{md,csv,json} and the plots) into out_dir, of every method in it that has finished these examples,
-    earlier runs' too. Returns this run's summaries (one per method); under torchrun, only rank 0 returns
-    them."""
+    """Run every verification on the task's examples and write results.jsonl, then the folder's report
+    (report(): summary.{md,csv,json} and the plots) into out_dir, of every verification in it that has finished
+    these examples, earlier runs' too. Returns this run's summaries (one per verification); under torchrun, only
+    rank 0 returns them."""
     out_dir = Path(out_dir)
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
     # corrected rerun would find an evaluation it has to --resume, with the refused settings.
-    methods = parse_methods(methods)
+    verifications = parse_verifications(verifications)
     check_out_dir(out_dir)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     examples = task.examples(config.split, limit=config.limit)  # the task refuses a split it does not have
@@ -131,9 +133,10 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     if config.prediction and any("original" not in e.metadata for e in examples):
         raise ValueError(f"task {config.task!r} has no input text to predict its answers with (prediction: "
                          "file-edit has)")
-    if config.prediction and any(m.partition(":")[0] in PEERS for m in methods):
-        raise ValueError("transformers' assisted generation takes no prediction: leave out its methods")
-    heads = {m: load_head(pair, Method.parse(m).head) for m in methods if m.partition(":")[0] == "diversed"}
+    if config.prediction and any(m.partition(":")[0] in PEERS for m in verifications):
+        raise ValueError("transformers' assisted generation takes no prediction: leave out its verifications")
+    heads = {m: load_head(pair, Verification.parse(m).head) for m in verifications
+             if m.partition(":")[0] == "diversed"}
     _check_resumable(out_dir, config, resume)  # on every rank, so that all of them stop together
     _barrier()
     if rank == 0 and not (out_dir / CONFIG_FILE).exists():
@@ -142,22 +145,22 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     _barrier()
     part = out_dir / (f"results.rank{rank}.jsonl" if world > 1 else RESULTS_FILE)
     # Each rank repairs only the file it appends to; a torn tail of another rank's file is read as absent.
-    done = {(r["example"], r["method"]) for path in _result_files(out_dir)
+    done = {(r["example"], r["verification"]) for path in _result_files(out_dir)
             for r in load_done_rows(path, repair=path == part)}
     mine = list(range(rank, len(examples), world))
-    todo = [(i, m) for i in mine for m in methods if (examples[i].id, m) not in done]
+    todo = [(i, m) for i in mine for m in verifications if (examples[i].id, m) not in done]
     bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
                disable=not progress, dynamic_ncols=True)
-    running: dict[str, list[dict]] = {m: [] for m in methods}
+    running: dict[str, list[dict]] = {m: [] for m in verifications}
     with open(part, "a") as f:
-        # Methods take turns on each group of batch_size examples, so every method sees the machine alike.
+        # Verifications take turns on each group of batch_size examples, so that each sees the machine alike.
         for start in range(0, len(mine), config.batch_size):
             group = mine[start:start + config.batch_size]
-            for label in methods:
+            for label in verifications:
                 if all((examples[i].id, label) in done for i in group):
                     continue
                 # A group cut short by a kill runs again whole: the same batch and seed as an unbroken run
-                # (and as the other methods), with only its missing rows written.
+                # (and as the other verifications), with only its missing rows written.
                 for row in _run_batch(pair, task, examples, group, label, config, heads.get(label)):
                     if (row["example"], label) in done:
                         continue
@@ -171,26 +174,28 @@ def evaluate(pair: Pair, task, methods: Sequence[str], config: EvalConfig, out_d
     _barrier()
     if rank != 0:
         return []
-    everything, ids = _merge(out_dir, examples, methods), {e.id for e in examples}
-    # The folder's report: every method in it that has finished these examples, earlier runs' too, so that a
-    # resume with other methods drops none of them (and one stopped early does not cut the others short).
+    everything, ids = _merge(out_dir, examples, verifications), {e.id for e in examples}
+    # The folder's report: every verification in it that has finished these examples, earlier runs' too, so
+    # that a resume with other verifications drops none of them (and one stopped early does not cut the others
+    # short).
     done: dict[str, set[str]] = {}
     for r in everything:
-        done.setdefault(r["method"], set()).add(r["example"])
+        done.setdefault(r["verification"], set()).add(r["example"])
     report(out_dir, task.metric, [m for m, finished in done.items() if ids <= finished])
-    return summarize_results([r for r in everything if r["method"] in methods and r["example"] in ids], methods)
+    return summarize_results([r for r in everything if r["verification"] in verifications and r["example"] in ids],
+                             verifications)
 
 
-def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = None,
+def report(out_dir: str | Path, metric: str, verifications: Sequence[str] | None = None,
            to: str | Path | None = None) -> list[dict]:
     """Summaries and plots of an evaluation so far (while it runs, or after it was stopped): only the examples
-    that every method has finished, so that all methods are compared on the same examples. Reads the result
-    files and writes summary.{md,csv,json} and the plots; the run itself is left as it is.
+    that every verification has finished, so that all of them are compared on the same examples. Reads the
+    result files and writes summary.{md,csv,json} and the plots; the run itself is left as it is.
 
-    methods: report these only (say, to leave out one that was stopped early and would hold the others to
-    its examples); by default every method with results.
-    to: write the summary and plots into this folder instead of out_dir, so that a report of some methods
-    leaves the evaluation's own report as it is."""
+    verifications: report these only (say, to leave out one that was stopped early and would hold the others
+    to its examples); by default every verification with results.
+    to: write the summary and plots into this folder instead of out_dir, so that a report of some
+    verifications leaves the evaluation's own report as it is."""
     out_dir = Path(out_dir)
     to = out_dir if to is None else Path(to)
     if not (out_dir / CONFIG_FILE).is_file():
@@ -198,20 +203,20 @@ def report(out_dir: str | Path, metric: str, methods: Sequence[str] | None = Non
     check_writable(to, "the report")
     config = EvalConfig(**saved_settings(json.loads((out_dir / CONFIG_FILE).read_text())))
     rows = _unique([r for path in _result_files(out_dir) for r in load_done_rows(path)])
-    present = list(dict.fromkeys(r["method"] for r in rows))
-    if methods is not None:
-        methods = parse_methods(methods, heads=False)
-        if missing := [m for m in methods if m not in present]:
+    present = list(dict.fromkeys(r["verification"] for r in rows))
+    if verifications is not None:
+        verifications = parse_verifications(verifications, heads=False)
+        if missing := [m for m in verifications if m not in present]:
             raise ValueError(f"no results for {', '.join(missing)} in {out_dir}; it has {', '.join(present)}")
-        rows = [r for r in rows if r["method"] in methods]
-    methods = methods or present
-    finished = {m: {r["example"] for r in rows if r["method"] == m} for m in methods}
+        rows = [r for r in rows if r["verification"] in verifications]
+    verifications = verifications or present
+    finished = {m: {r["example"] for r in rows if r["verification"] == m} for m in verifications}
     complete = set.intersection(*finished.values()) if finished else set()
     if not complete:
-        raise ValueError(f"no example in {out_dir} has been run with every method yet")
+        raise ValueError(f"no example in {out_dir} has been run with every verification yet")
     rows = [r for r in rows if r["example"] in complete]
-    summaries = summarize_results(rows, methods)
-    done = f"the {len(complete)} examples every method finished, of {config.limit or 'all'}"
+    summaries = summarize_results(rows, verifications)
+    done = f"the {len(complete)} examples every verification finished, of {config.limit or 'all'}"
     to.mkdir(parents=True, exist_ok=True)
     write_summary(summaries, to, metric, _header(config, done))
     plot_tradeoffs(summaries, to, metric)
@@ -238,8 +243,8 @@ def _batching(batch_size: int) -> str:
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
                ) -> list[dict]:
-    """One method on some examples, decoded together (one at a time for the peers); the seed depends on the
-    first example only, so methods share it."""
+    """One verification on some examples, decoded together (one at a time for the peers); the seed depends on
+    the first example only, so verifications share it."""
     seed = config.seed * 1_000_003 + indices[0]
     name, _, value = label.partition(":")
     if name in PEERS:
@@ -254,7 +259,7 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
             results.append((text, stats.to_dict()))
     else:
         prompts = [examples[i].prompt_for(pair.tokenizer.chat_template is not None) for i in indices]
-        completions = generate(pair, prompts, method=label, drafter=config.drafter,
+        completions = generate(pair, prompts, verification=label, drafter=config.drafter,
                                temperature=config.temperature, draft_length=config.drafting,
                                max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
                                seed=seed, weight_fn=head,
@@ -264,8 +269,8 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
         results = [(c.text, c.metrics) for c in completions]
     rows = []
     for index, (text, metrics) in zip(indices, results, strict=True):
-        metrics.pop("method", None)
-        rows.append({"example": examples[index].id, "index": index, "method": label,
+        metrics.pop("verification", None)
+        rows.append({"example": examples[index].id, "index": index, "verification": label,
                      "reward": task.reward(examples[index], text), "text": text, **metrics})
     return rows
 
@@ -321,26 +326,29 @@ def _parse_row(line: bytes) -> dict | None:
         row = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    if not (isinstance(row, dict) and "example" in row and "method" in row):
+    if isinstance(row, dict) and "method" in row:  # an older run's row: the verification was its "method"
+        row["verification"] = row.pop("method")
+    if not (isinstance(row, dict) and "example" in row and "verification" in row):
         return None
-    return {**row, "method": RENAMED_METHODS.get(row["method"], row["method"])}  # older runs' spellings
+    verification = row["verification"]
+    return {**row, "verification": RENAMED_VERIFICATIONS.get(verification, verification)}  # older runs' spellings
 
 
-def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
+def _merge(out_dir: Path, examples: list, verifications: list[str]) -> list[dict]:
     """Every row of the folder, once each. A single process has appended its rows to results.jsonl as it went,
     and the file stays as it is (rows in the order they ran; a resumed run adds at the end), so that a
     committed evaluation's diff shows only the rows a run added. A distributed run's rank files are appended
-    to it here, in example then method order, and removed."""
+    to it here, in example then verification order, and removed."""
     main = out_dir / RESULTS_FILE
     rows = load_done_rows(main, repair=True)
     if parts := sorted(out_dir.glob("results.rank*.jsonl")):
         order = {e.id: i for i, e in enumerate(examples)}
-        method_order = {m: i for i, m in enumerate(methods)}
-        done = {(r["example"], r["method"]) for r in rows}
-        new = {(r["example"], r["method"]): r for path in parts for r in load_done_rows(path)}
+        position = {m: i for i, m in enumerate(verifications)}
+        done = {(r["example"], r["verification"]) for r in rows}
+        new = {(r["example"], r["verification"]): r for path in parts for r in load_done_rows(path)}
         new = sorted((r for key, r in new.items() if key not in done),
                      key=lambda r: (order.get(r["example"], len(order)), r["example"],
-                                    method_order.get(r["method"], len(method_order)), r["method"]))
+                                    position.get(r["verification"], len(position)), r["verification"]))
         with open(main, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in new)
             f.flush()
@@ -352,11 +360,11 @@ def _merge(out_dir: Path, examples: list, methods: list[str]) -> list[dict]:
 
 
 def _unique(rows: list[dict]) -> list[dict]:
-    """The first row of each (example, method): a run killed between appending a rank's rows and removing
-    its file leaves them twice."""
+    """The first row of each (example, verification): a run killed between appending a rank's rows and
+    removing its file leaves them twice."""
     first: dict[tuple, dict] = {}
     for r in rows:
-        first.setdefault((r["example"], r["method"]), r)
+        first.setdefault((r["example"], r["verification"]), r)
     return list(first.values())
 
 

@@ -18,7 +18,7 @@ the position in the answer nor a token's kind, and the target's state carries bo
 nothing that q does not. "lenience-target" reads the target alone (its state and TARGET_FEATURES, which
 need no q): it serves every drafter, copied drafts (a point mass, no draft distribution) included.
 
-The dial (Method.shift, "diversed:HEAD@+k") moves a head's logit: w = sigmoid(logit(w) + k) for a mixture
+The dial (Verification.shift, "diversed:HEAD@+k") moves a head's logit: w = sigmoid(logit(w) + k) for a mixture
 head and L = max_lenience sigmoid(logit(L / max_lenience) - k) for a lenience head, so +k is stricter for
 both (more weight on the target, less lenience) and L stays below max_lenience at every k.
 

@@ -48,7 +48,7 @@ from diversed.head.names import CONFIG_FILE, head_folder
 from diversed.head.ppo import ppo_terms, rejection, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
-from diversed.request import DraftLength, Method, Sampling
+from diversed.request import DraftLength, Sampling, Verification
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 from diversed.verify import point_masses, total_variation
 
@@ -197,7 +197,7 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     batch = [p for p in prompt_ids for _ in range(k)]
     # A constant draft length: every round is speculative, so the traces cover every token.
     traces = [Trace() for _ in batch]
-    generation = decode(pair.target, batch, draft=pair.draft, method=Method("dynamic"), sampling=sampling,
+    generation = decode(pair.target, batch, draft=pair.draft, verification=Verification("dynamic"), sampling=sampling,
                         draft_length=DraftLength(config.draft_length), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),

@@ -10,7 +10,7 @@ runs in each of its processes before the engine starts. A request then picks a r
 "verification" there too; `"vllm_xargs": {"verification": ...}` works as well.) The
 environment variable DIVERSED_VERIFICATION sets a default for every request of a server; a request's
 "verification": "vllm" keeps it on vLLM's own rejection sampler under that default. The spellings are
-Method.parse's: exact, lossy:L, static:W, cascade-chow:A, cascade-opt:A, cascade-token:A, typical[:EPS],
+Verification.parse's: exact, lossy:L, static:W, cascade-chow:A, cascade-opt:A, cascade-token:A, typical[:EPS],
 diversed[:[HEAD][@SHIFT]] (the learned head; it needs a draft model, whose hidden states it reads).
 
 A request without a rule never reaches our code: vLLM computes its rows of the rejection sampler as always and
@@ -31,7 +31,7 @@ What register() patches (seven wrappers, each calling vLLM's original):
 - ChatCompletionRequest and CompletionRequest.to_sampling_params: the body's "verification" into extra_args.
 - SamplingParams.verify (run on each request before it reaches the engine): a bad verification string, a
   rule without speculative decoding, or the head without a draft model is refused there (HTTP 400).
-- GPUModelRunner.sample_tokens (inherited by the CPU runner): each row's Method and the target's last hidden
+- GPUModelRunner.sample_tokens (inherited by the CPU runner): each row's Verification and the target's last hidden
   states at the verified positions go into a step context, read by the next wrapper.
 - vllm.v1.sample.rejection_sampler.rejection_sample: after vLLM's own result, the rows with a rule are redone.
 - GPUModelRunner.propose_draft_token_ids with SpecDecodeBaseProposer._sample_draft_tokens: while the draft
@@ -58,7 +58,7 @@ from diversed.decoding.policy import shifted  # the head's strictness dial: the 
 from diversed.decoding.sampling import probabilities
 from diversed.head.model import EnsembleHead
 from diversed.head.names import head_folder
-from diversed.request import RULE_SPECS, Method, Sampling
+from diversed.request import RULE_SPECS, Sampling, Verification
 from diversed.verify import verify
 
 KEY = "verification"  # the extra_args field a request sets
@@ -74,30 +74,30 @@ FORMS = ", ".join([*(f"{name}:{spec.parameters[0].upper()}" if spec.parameters a
                    "diversed[:[HEAD][@SHIFT]]", f"{VLLM_OWN} (vLLM's own)"])
 
 logger = logging.getLogger(__name__)
-_default: Method | None = None  # DIVERSED_VERIFICATION, read once by register()
+_default: Verification | None = None  # DIVERSED_VERIFICATION, read once by register()
 _step: _Step | None = None  # the rows of the sample_tokens call in progress (one engine thread per process)
 
 
 @functools.lru_cache(maxsize=256)
-def parse_verification(text: str) -> Method | None:
-    """A verification string -> its Method; None for "vllm". ValueError, with the accepted forms, otherwise."""
+def parse_verification(text: str) -> Verification | None:
+    """A verification string -> its Verification; None for "vllm". ValueError, with the accepted forms, otherwise."""
     if text == VLLM_OWN:
         return None
     try:
-        method = Method.parse(text)
-        if method.rule is None:
+        verification = Verification.parse(text)
+        if verification.rule is None:
             raise ValueError("'plain' (the target alone) verifies nothing; run vLLM without speculative_config")
-        if method.name == "dynamic":
+        if verification.name == "dynamic":
             raise ValueError("'dynamic' takes its weights from a head: write 'diversed' or 'diversed:HEAD'")
-        if method.name == "diversed":
-            head_folder(method.head)  # only looks at the files: cheap enough for every request
+        if verification.name == "diversed":
+            head_folder(verification.head)  # only looks at the files: cheap enough for every request
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(f"bad {KEY} {text!r}: {err}; use one of {FORMS}") from None
-    return method
+    return verification
 
 
-def request_method(extra_args: Mapping | None, default: Method | None = None) -> Method | None:
-    """The Method a request asks for (extra_args["verification"], else the default); None: vLLM's own path."""
+def request_verification(extra_args: Mapping | None, default: Verification | None = None) -> Verification | None:
+    """The Verification a request asks for (extra_args["verification"], else the default); None: vLLM's own path."""
     if not extra_args or KEY not in extra_args:
         return default
     value = extra_args[KEY]
@@ -132,11 +132,11 @@ class _Recorder:
 
 @dataclass
 class _Step:
-    """One sample_tokens call: per row of the batch its Method (None: vLLM's) and Sampling; the target's logits
+    """One sample_tokens call: per row of the batch its Verification (None: vLLM's) and Sampling; the target's logits
     (all rows of the step) and which of them each verified position is; the draft records of the proposals
     being verified; the target's hidden states at each verified position (for a head)."""
 
-    rows: list[tuple[Method | None, Sampling | None]]
+    rows: list[tuple[Verification | None, Sampling | None]]
     req_ids: list[str]
     logits: Tensor
     target_index: Tensor
@@ -144,20 +144,20 @@ class _Step:
     target_hidden: Tensor | None
 
 
-def _batch_rows(runner) -> list[tuple[Method | None, Sampling | None]]:
-    """(Method, Sampling) for each row of the runner's input batch, from each request's SamplingParams."""
+def _batch_rows(runner) -> list[tuple[Verification | None, Sampling | None]]:
+    """(Verification, Sampling) for each row of the runner's input batch, from each request's SamplingParams."""
     from vllm.sampling_params import SamplingType
 
     rows = []
     for req_id in runner.input_batch.req_ids:
         params = runner.requests[req_id].sampling_params
-        method = None if params is None else request_method(params.extra_args, _default)  # None: pooling
-        if method is None:
+        verification = None if params is None else request_verification(params.extra_args, _default)  # None: pooling
+        if verification is None:
             rows.append((None, None))
             continue
         greedy = params.sampling_type == SamplingType.GREEDY
         # vLLM's top_k -1 and 0 both mean off, diversed's 0.
-        rows.append((method, Sampling(0.0 if greedy else params.temperature, max(params.top_k, 0), params.top_p)))
+        rows.append((verification, Sampling(0.0 if greedy else params.temperature, max(params.top_k, 0), params.top_p)))
     return rows
 
 
@@ -169,9 +169,9 @@ def _wrap_sample_tokens(original):
         _step = None
         if state is not None and state.spec_decode_metadata is not None:
             rows = _batch_rows(self)
-            if any(method is not None for method, _ in rows):
+            if any(verification is not None for verification, _ in rows):
                 index = state.spec_decode_metadata.target_logits_indices
-                head = any(method is not None and method.rule == "dynamic" for method, _ in rows)
+                head = any(verification is not None and verification.rule == "dynamic" for verification, _ in rows)
                 # The logits are held by reference: a structured-output mask, applied in place next, applies.
                 _step = _Step(rows, list(self.input_batch.req_ids), state.logits, index,
                               getattr(self, "_diversed_drafted", {}),
@@ -188,9 +188,9 @@ def _wrap_propose(original):
     @functools.wraps(original)
     def propose_draft_token_ids(self, *args, **kwargs):
         rows = _batch_rows(self)
-        want_q = any(method is not None and sampling.greedy and method.rule not in _GREEDY_IGNORES_Q
-                     for method, sampling in rows)
-        want_hidden = any(method is not None and method.rule == "dynamic" for method, _ in rows)
+        want_q = any(verification is not None and sampling.greedy and verification.rule not in _GREEDY_IGNORES_Q
+                     for verification, sampling in rows)
+        want_hidden = any(verification is not None and verification.rule == "dynamic" for verification, _ in rows)
         recorder = _Recorder(want_q, want_hidden) if want_q or want_hidden else None
         self.drafter._diversed_recorder = recorder  # only a draft model reads it (n-gram drafters have no model)
         try:
@@ -233,18 +233,18 @@ def _wrap_rejection_sample(original):
     return rejection_sample
 
 
-def check_request(extra_args: Mapping | None, speculative_config, default: Method | None = None) -> None:
+def check_request(extra_args: Mapping | None, speculative_config, default: Verification | None = None) -> None:
     """ValueError unless the request's rule can run on this engine: a valid string, speculative decoding on,
     and a draft model for the head (the only drafter whose hidden states the head was trained on)."""
-    method = request_method(extra_args, default)
-    if method is None:
+    verification = request_verification(extra_args, default)
+    if verification is None:
         return
     if speculative_config is None:
-        raise ValueError(f"{KEY} {method.label!r} needs speculative decoding: start vLLM with a "
+        raise ValueError(f"{KEY} {verification.label!r} needs speculative decoding: start vLLM with a "
                          "speculative_config (a draft model or n-gram drafter)")
-    if method.name == "diversed" and speculative_config.method != "draft_model":
-        raise ValueError(f"{KEY} {method.label!r} reads the draft model's hidden states: it needs speculative_config "
-                         f"method 'draft_model', not {speculative_config.method!r}")
+    if verification.name == "diversed" and speculative_config.method != "draft_model":
+        raise ValueError(f"{KEY} {verification.label!r} reads the draft model's hidden states: it needs "
+                         f"speculative_config method 'draft_model', not {speculative_config.method!r}")
 
 
 def _wrap_to_sampling_params(original):
@@ -282,23 +282,23 @@ def _verify_rows(step: _Step, output: Tensor, draft_token_ids: Tensor, num_draft
     verified together when they share a rule, sampling, draft count and no generator of their own."""
     starts = [0, *itertools.accumulate(num_draft_tokens)]
     groups: dict[tuple, list[int]] = {}
-    for row, (method, sampling) in enumerate(step.rows):
-        if method is not None and num_draft_tokens[row] > 0:  # no drafts: vLLM's token is the target's
+    for row, (verification, sampling) in enumerate(step.rows):
+        if verification is not None and num_draft_tokens[row] > 0:  # no drafts: vLLM's token is the target's
             seeded = row if row in generators else None
-            groups.setdefault((method, sampling, num_draft_tokens[row], seeded), []).append(row)
+            groups.setdefault((verification, sampling, num_draft_tokens[row], seeded), []).append(row)
     vocab = step.logits.shape[-1]
-    for (method, sampling, n, seeded), rows in groups.items():
+    for (verification, sampling, n, seeded), rows in groups.items():
         greedy = sampling.greedy
         tokens = torch.tensor([list(range(starts[r], starts[r] + n)) for r in rows], device=step.logits.device)
         drafts = draft_token_ids[tokens].long()
         p = torch.cat([probabilities(sampling, step.logits[step.target_index[tokens]]),  # [G, n, V]
                        F.one_hot(bonus_token_ids[rows, 0].long(), vocab).float().unsqueeze(1)], 1)
         q = _draft_distributions(step, rows, tokens, drafts, greedy, draft_probs)
-        params = method.verify_params()
-        if method.rule == "dynamic":
-            params["weight"] = _head_weights(method, step, rows, tokens)
+        params = verification.verify_params()
+        if verification.rule == "dynamic":
+            params["weight"] = _head_weights(verification, step, rows, tokens)
         # The bonus row is vLLM's sampled bonus token as a point mass, so a fully kept block ends with it.
-        out = verify(method.rule, drafts, q, p, greedy=greedy, generator=generators.get(seeded), validate=False,
+        out = verify(verification.rule, drafts, q, p, greedy=greedy, generator=generators.get(seeded), validate=False,
                      **params)
         block = torch.where(out.accepted, drafts, PLACEHOLDER)
         block = torch.cat([block, block.new_full((len(rows), output.shape[1] - n), PLACEHOLDER)], 1)
@@ -320,15 +320,15 @@ def _draft_distributions(step: _Step, rows: list[int], tokens: Tensor, drafts: T
     return None
 
 
-def _head_weights(method: Method, step: _Step, rows: list[int], tokens: Tensor) -> Tensor:
+def _head_weights(verification: Verification, step: _Step, rows: list[int], tokens: Tensor) -> Tensor:
     """w [G, n] from the head on both models' last hidden states at the drafted positions."""
     hidden = [step.drafted.get(step.req_ids[r], (None, None))[1] for r in rows]
     if step.target_hidden is None or any(h is None for h in hidden):  # check_request refuses such requests
         raise RuntimeError("verification 'diversed' found no draft hidden states (is the drafter a draft model?)")
     h_draft = torch.stack([h[: tokens.shape[1]] for h in hidden])
     h_target = step.target_hidden[tokens].float()
-    head = _head(method.head, h_draft.shape[-1], h_target.shape[-1], str(h_target.device))
-    return shifted(head(h_draft, h_target), method.shift)
+    head = _head(verification.head, h_draft.shape[-1], h_target.shape[-1], str(h_target.device))
+    return shifted(head(h_draft, h_target), verification.shift)
 
 
 @functools.lru_cache(maxsize=8)

@@ -42,10 +42,11 @@ from diversed.request import (
     RULE_SPECS,
     ContextTooLong,
     DraftLength,
-    Method,
     RequestError,
     RuleSpec,
+    Verification,
     check_predictions,
+    renamed_keywords,
 )
 from diversed.server.metrics import Metrics
 from diversed.server.protocol import (
@@ -64,17 +65,18 @@ from diversed.text import StreamedText, TokenTexts, encode_messages, stop_checke
 _PAGE = Path(__file__).parent / "playground"  # the playground's static files, shipped in the package
 
 
+@renamed_keywords(method="verification")
 @dataclass
 class ServerConfig:
-    """What a server runs. method: the rule of requests that name none; heads: name -> head folder (the heads
-    shipped for the built-in pair are added under their names, and the default one as "default", when they
-    fit the pair); max_batch: requests decoded together; max_waiting: requests queued beyond them (more get
+    """What a server runs. verification: the rule of requests that name none; heads: name -> head folder (the
+    heads shipped for the built-in pair are added under their names, and the default one as "default", when
+    they fit the pair); max_batch: requests decoded together; max_waiting: requests queued beyond them (more get
     503); max_tokens: a chat request's limit when it sets none (None: what the context leaves, as OpenAI and
     llama-server do); draft_length: the batch's drafting (None: the backend's default); drafter: what drafts
     for requests that name none (diversed.decoding.drafters; the batch holds them all, and one suffix cache
     over every request's text)."""
 
-    method: str = "exact"
+    verification: str = "exact"
     heads: dict[str, str] = field(default_factory=dict)
     max_batch: int = 8
     max_waiting: int = 64
@@ -87,14 +89,16 @@ class ServerConfig:
         if self.max_batch < 1 or self.max_waiting < 0 or (self.max_tokens is not None and self.max_tokens < 1):
             raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
                              f"{self.max_tokens} and {self.max_waiting}")
-        method = Method.parse(self.method)
+        verification = Verification.parse(self.verification)
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
-        if method.name == "dynamic":
-            raise ValueError("method 'dynamic' needs a weight function: use 'diversed' with a head")
-        if method.name == "diversed" and method.head not in (None, "default", *self.heads, *PRETRAINED_HEADS):
-            raise ValueError(f"--method {self.method}: no head named {method.head!r} (the server holds the heads "
-                             f"given with --head NAME=DIR and the shipped ones: {', '.join(PRETRAINED_HEADS)})")
+        if verification.name == "dynamic":
+            raise ValueError("verification 'dynamic' needs a weight function: use 'diversed' with a head")
+        if verification.name == "diversed" and verification.head not in (None, "default", *self.heads,
+                                                                          *PRETRAINED_HEADS):
+            raise ValueError(f"--verification {self.verification}: no head named {verification.head!r} (the server "
+                             "holds the heads given with --head NAME=DIR and the shipped ones: "
+                             f"{', '.join(PRETRAINED_HEADS)})")
 
 
 class Server:
@@ -103,7 +107,7 @@ class Server:
     def __init__(self, pair: Pair, config: ServerConfig) -> None:
         self.pair, self.config = pair, config
         self.model_name = config.model_name or pair.target_name
-        self.default_method = Method.parse(config.method)
+        self.default_verification = Verification.parse(config.verification)
         self.heads: dict[str, EnsembleHead] = {name: load_head(pair, folder) for name, folder in config.heads.items()}
         for name in ("default", *PRETRAINED_HEADS):
             if name not in self.heads:
@@ -111,12 +115,13 @@ class Server:
                     self.heads[name] = load_head(pair, None if name == "default" else name)
                 except ValueError:  # the shipped heads fit the built-in pair only
                     pass
-        if self.default_method.name == "diversed" and self.default_method.head not in (None, *self.heads):
-            raise ValueError(f"--method {config.method}: no head named {self.default_method.head!r} is loaded (the "
+        default = self.default_verification
+        if default.name == "diversed" and default.head not in (None, *self.heads):
+            raise ValueError(f"--verification {config.verification}: no head named {default.head!r} is loaded (the "
                              "shipped heads fit the built-in pair only: give one with --head NAME=DIR)")
-        if self.default_method.name == "diversed" and not self.heads:
-            raise ValueError(f"--method {config.method}: no head fits this pair (the shipped heads fit the "
-                             "built-in pair only): give one with --head NAME=DIR")
+        if default.name == "diversed" and not self.heads:
+            raise ValueError(f"--verification {config.verification}: no head fits this pair (the shipped heads fit "
+                             "the built-in pair only): give one with --head NAME=DIR")
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
         self.metrics = Metrics()
         self.cache = SuffixCache()  # shared by every batch and request of this server
@@ -145,16 +150,16 @@ class Server:
                 raise BadRequest(f"the chat template refused the messages: {error}", "messages") from None
         else:
             ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
-        method, weight_fn = call.method, None
-        if method.name == "diversed":
-            default = self.default_method.head if self.default_method.name == "diversed" else None
-            name = call.head or method.head or default or next(iter(self.heads), None)
+        verification, weight_fn = call.verification, None
+        if verification.name == "diversed":
+            default = self.default_verification.head if self.default_verification.name == "diversed" else None
+            name = call.head or verification.head or default or next(iter(self.heads), None)
             if name not in self.heads:
                 loaded = ", ".join(self.heads) or "none"
                 raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else
                                  "verification 'diversed' needs a head and this server loaded none", "head",
                                  "head_not_found")
-            weight_fn, method = self.heads[name], replace(method, head=name)
+            weight_fn, verification = self.heads[name], replace(verification, head=name)
         generator = torch.Generator(device=self.pair.target.device)
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
         room = context_room((self.pair.target, self.pair.draft), len(ids), self.drafting.longest)
@@ -163,13 +168,13 @@ class Server:
         if drafter == "model" and self.pair.draft is None:
             raise BadRequest("this server has no draft model: use drafter 'auto', 'lookup' or 'suffix'", "drafter")
         try:
-            check_predictions(call.prediction, 1, method, drafter)
+            check_predictions(call.prediction, 1, verification, drafter)
         except RequestError as error:
             raise BadRequest(*request_error(error, call.chat)) from None
         prediction = None if call.prediction is None else \
             tokenizer(call.prediction, add_special_tokens=False)["input_ids"]
-        job = Job(ids, Policy(method, call.sampling, generator, weight_fn, call.draft_length, drafter), max_tokens,
-                  stop_checker(tokenizer, call.stop), prediction=prediction, provenance=call.provenance)
+        job = Job(ids, Policy(verification, call.sampling, generator, weight_fn, call.draft_length, drafter),
+                  max_tokens, stop_checker(tokenizer, call.stop), prediction=prediction, provenance=call.provenance)
         try:
             self.worker.batch.check(job)
         except ContextTooLong as error:
@@ -210,7 +215,7 @@ class _Events:
             metrics.requests.labels(stats.finish_reason).inc()
             metrics.e2e_latency.observe(now - self.arrived)
             if job.policy.drafts:
-                metrics.record_rounds(job.policy.method, stats.drafted, stats.accepted,
+                metrics.record_rounds(job.policy.verification, stats.drafted, stats.accepted,
                                       stats.reached[0] if stats.reached else 0, stats.kept, stats.drafters)
         # The round's tokens only (the engine never waits on a copy), with their origins as they are now.
         origins = job.origins[len(job.tokens) - len(new):] if job.provenance else []
@@ -296,7 +301,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
         raise BadRequest(f"the request body is not valid JSON: {error}", None, "invalid_json") from None
-    call = parse_call(body, chat, server.default_method)
+    call = parse_call(body, chat, server.default_verification)
     if call.model is not None and call.model != server.model_name:
         raise BadRequest(f"the model {call.model!r} does not exist; this server has {server.model_name!r}", "model",
                          "model_not_found", status=404)
@@ -343,13 +348,13 @@ def _dial(server: Server) -> dict:
         rules.append({"name": "diversed", "summary": "a trained head sets each drafted token's weight or lenience",
                       "parameters": [], "heads": sorted(server.heads)})
     drafters = [{"name": name, "available": name != "model" or server.pair.draft is not None} for name in DRAFTERS]
-    return {"default": server.default_method.label, "rules": rules, "drafters": drafters,
+    return {"default": server.default_verification.label, "rules": rules, "drafters": drafters,
             "default_drafter": server.config.drafter, "max_draft_length": server.drafting.longest}
 
 
 def _speculative(job: Job) -> dict:
     stats = job.stats.to_dict()
-    return {"verification": job.policy.method.label,
+    return {"verification": job.policy.verification.label,
             **{k: stats[k] for k in ("drafted", "accepted", "acceptance_rate", "tau", "tokens_per_s",
                                      "per_position_acceptance", "rule_tokens", "target_tokens", "drafters")}}
 

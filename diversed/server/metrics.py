@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from diversed.request import Method
+from diversed.request import Verification
 
 # Seconds: from a few milliseconds (a kept draft) to minutes (a long prompt behind a full batch).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
@@ -55,25 +55,25 @@ class Metrics:
         self.drafter_accepted = Counter("diversed:spec_decode_num_accepted_tokens_by_drafter",
                                         "Drafted tokens kept, by drafter.", ["drafter"], registry=registry)
 
-    def record_rounds(self, method: Method, drafted: int, accepted: int, rounds: int, kept: list[int],
+    def record_rounds(self, verification: Verification, drafted: int, accepted: int, rounds: int, kept: list[int],
                       by_drafter: dict[str, list[int]]) -> None:
         """Add a finished request's speculative counters (SequenceStats: rounds that drafted, tokens drafted and
         kept, how many rounds kept each position, and drafted and kept per drafter)."""
         for name, (drafter_drafted, drafter_kept) in by_drafter.items():
             self.drafter_tokens.labels(name).inc(drafter_drafted)
             self.drafter_accepted.labels(name).inc(drafter_kept)
-        verification = verification_label(method)
-        self.drafts.labels(verification).inc(rounds)
-        self.draft_tokens.labels(verification).inc(drafted)
-        self.accepted_tokens.labels(verification).inc(accepted)
+        label = verification_label(verification)
+        self.drafts.labels(label).inc(rounds)
+        self.draft_tokens.labels(label).inc(drafted)
+        self.accepted_tokens.labels(label).inc(accepted)
         for position, count in enumerate(kept):
-            self.accepted_per_position.labels(verification, str(position)).inc(count)
+            self.accepted_per_position.labels(label, str(position)).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
-def verification_label(method: Method) -> str:
+def verification_label(verification: Verification) -> str:
     """'static' for static:0.7, 'diversed:gsm8k' for diversed:gsm8k@+1: a set as small as the rules and the
     heads the server loaded."""
-    return f"diversed:{method.head}" if method.name == "diversed" else method.name
+    return f"diversed:{verification.head}" if verification.name == "diversed" else verification.name

@@ -3,7 +3,7 @@
 Every field a client may send is either used, accepted at its neutral value only (e.g. presence_penalty 0),
 or refused with a BadRequest naming it: nothing a client asks for is silently ignored. The verification
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
-rule as `--method` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
+rule as `--verification` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
 of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
 `prediction` is OpenAI's Predicted Outputs, on both endpoints. `provenance: true` (an extension, off by default)
 adds to each choice, and to each streamed chunk's choice, `provenance`: how each new token was made
@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.request import DRAFTERS, Method, RequestError, Sampling, check_encodable
+from diversed.request import DRAFTERS, RequestError, Sampling, Verification, check_encodable
 
 
 class BadRequest(Exception):
@@ -34,7 +34,7 @@ class BadRequest(Exception):
 
 
 # The request's own names (diversed.request) that OpenAI's API spells otherwise.
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "method": "verification"}
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
 
 
 def request_error(error: RequestError, chat: bool) -> tuple[str, str]:
@@ -54,7 +54,7 @@ class Call:
 
     chat: bool
     prompt: str | list[dict]
-    method: Method
+    verification: Verification
     head: str | None
     sampling: Sampling
     max_tokens: int | None
@@ -81,7 +81,7 @@ _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_comple
 _ROLES = ("system", "user", "assistant", "developer")
 
 
-def parse_call(body, chat: bool, default_method: Method) -> Call:
+def parse_call(body, chat: bool, default_verification: Verification) -> Call:
     """Check a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the field."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -93,7 +93,7 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
             what = "more than one choice (n > 1)" if name == "n" else f"{name} = {body[name]!r}"
             raise BadRequest(f"this server does not support {what}; leave {name} out", name, "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
-    method, head = _method(body, default_method)
+    verification, head = _verification(body, default_verification)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
@@ -111,7 +111,7 @@ def parse_call(body, chat: bool, default_method: Method) -> Call:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    return Call(chat, prompt, method, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
+    return Call(chat, prompt, verification, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
                 _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body),
                 stream, include_usage, model, _prediction(body), _flag(body, "provenance"))
 
@@ -181,32 +181,32 @@ def _encodable(param: str, text: str) -> str:
     return text
 
 
-def _method(body: dict, default: Method) -> tuple[Method, str | None]:
+def _verification(body: dict, default: Verification) -> tuple[Verification, str | None]:
     text = body.get("verification")
     head = body.get("head")
     if head is not None and not isinstance(head, str):
         raise BadRequest("head must be the name of a loaded head", "head")
     if text is None:  # the server's rule; a head alone asks for "diversed" (with the server's shift, if it has one)
-        method = default if head is None or default.name == "diversed" else Method("diversed")
+        verification = default if head is None or default.name == "diversed" else Verification("diversed")
     else:
         if not isinstance(text, str):
             raise BadRequest("verification must be a string such as 'exact', 'static:0.7' or 'diversed'",
                              "verification")
         try:
-            method = Method.parse(text)
+            verification = Verification.parse(text)
         except RequestError as error:
             raise BadRequest(*request_error(error, chat=False)) from None
-        if method.head is not None:  # the head by name: a client never names a folder on the server
-            if head not in (None, method.head):
-                raise BadRequest(f"verification {text!r} names head {method.head!r} and head names {head!r}: "
+        if verification.head is not None:  # the head by name: a client never names a folder on the server
+            if head not in (None, verification.head):
+                raise BadRequest(f"verification {text!r} names head {verification.head!r} and head names {head!r}: "
                                  "name one", "head")
-            head = method.head
-        if method.name == "dynamic":
+            head = verification.head
+        if verification.name == "dynamic":
             raise BadRequest("verification 'dynamic' needs a weight function: use 'diversed' with a head",
                              "verification")
-    if head is not None and method.name != "diversed":
-        raise BadRequest(f"head is for verification 'diversed', not {method.label!r}", "head")
-    return method, head
+    if head is not None and verification.name != "diversed":
+        raise BadRequest(f"head is for verification 'diversed', not {verification.label!r}", "head")
+    return verification, head
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:

@@ -44,7 +44,7 @@ function makeDial(name, initial) {
   $("legend", node).textContent = `Verification ${name}`;
   const rule = $(".rule", node);
   for (const r of dial.rules) rule.add(new Option(r.name, r.name));
-  const [initialRule, initialValues] = parseMethod(initial);
+  const [initialRule, initialValues] = parseVerification(initial);
   rule.value = dial.rules.some((r) => r.name === initialRule) ? initialRule : "exact";
   const head = $(".head", node);
   const diversed = dial.rules.find((r) => r.name === "diversed");
@@ -95,7 +95,7 @@ function makeParameter(dialName, p, value) {
 }
 
 // "static:0.7" -> ["static", {weight: "0.7"}]; the first value belongs to the rule's first parameter.
-function parseMethod(text) {
+function parseVerification(text) {
   const [name, rest] = text.split(/:(.*)/s);
   const spec = dial.rules.find((r) => r.name === name);
   const values = {};
@@ -110,7 +110,7 @@ function parseMethod(text) {
   return [name, values];
 }
 
-// The dial as the request's `verification`, written as --method spells it; values go as typed, so the
+// The dial as the request's `verification`, written as --verification spells it; values go as typed, so the
 // server judges them (and says what is wrong).
 function verification(node) {
   const name = $(".rule", node).value;
