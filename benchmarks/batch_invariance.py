@@ -7,6 +7,9 @@ and after other traffic, on the default pair, counting the requests whose tokens
 - llama.cpp (--backend llama.cpp): --prompts held-out prompts (HumanEval then GSM8K test problems) at T = 0,
   the target alone and exact with 3 drafts, alone and in batches of --batch: llama.cpp's logits depend on
   the batch's shape, so greedy answers may part at near-ties; this counts how often.
+- --costs (transformers): what row-by-row attention (diversed.backends.hf, which makes the first check pass
+  on a CPU) costs against batched SDPA: the target's pass over 1 and 6 tokens for 1 and 6 rows of unequal
+  lengths, the two taking turns (medians).
 
     .venv/bin/python benchmarks/batch_invariance.py --backend transformers --out results/batch-invariance-hf.json
     .venv/bin/python benchmarks/batch_invariance.py --backend llama.cpp --prompts 52 --tokens 48 \
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
 from machine import describe
 
+from diversed.backends.hf import ROW_ATTENTION
 from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job
 from diversed.decoding.policy import Policy
@@ -71,12 +77,37 @@ def compare(name: str, solo: list[tuple], other: list[tuple], labels: list[str])
             "which": differ}
 
 
+@torch.inference_mode()
+def attention_costs(pair: Pair, prompt: list[int], context: int, repeats: int) -> dict[str, float]:
+    """Median ms of the target's pass over `width` tokens for `count` rows (their caches `context` tokens
+    and 7 fewer per row after the first, so that shorter rows hold holes), per attention implementation."""
+    model = pair.target.model
+    cached = (prompt * (context // len(prompt) + 1))[:context]
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats + 1):  # the first round warms up
+        for attention in (ROW_ATTENTION, "sdpa"):
+            model.set_attn_implementation(attention)
+            for count in (1, 6):
+                rows = pair.target.rows(count)
+                rows.feed([cached[7 * i:] for i in range(count)], 1)
+                held = rows.lengths
+                for width in (1, 6):
+                    start = time.perf_counter()
+                    rows.feed([prompt[:width]] * count, width)
+                    times.setdefault(f"{attention}, {count} rows, {width} tokens", []).append(
+                        time.perf_counter() - start)
+                    rows.truncate(held)
+    model.set_attn_implementation(ROW_ATTENTION)
+    return {name: 1000 * statistics.median(t[1:]) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), required=True)
     parser.add_argument("--prompts", type=int, default=52, help="llama.cpp: held-out prompts")
     parser.add_argument("--batch", type=int, default=4, help="llama.cpp: rows decoded together")
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--costs", action="store_true", help="transformers: time row-by-row attention too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -93,6 +124,11 @@ def main() -> None:
                 report["results"].append({"temperature": temperature, **compare(
                     f"T = {temperature}, {name}", solo, run(pair, requests, temperature, args.tokens, together,
                                                             before), labels)})
+        if args.costs:
+            costs = report["attention_ms"] = attention_costs(pair, requests[3][0], 220, 5)
+            print("\n| attention, rows, tokens | ms |\n|---|---|")
+            for name, ms in costs.items():
+                print(f"| {name} | {ms:.1f} |")
     else:
         half = args.prompts // 2
         texts = ([e.prompt for e in get_task("humaneval").examples("test", limit=args.prompts - half)]

@@ -31,9 +31,11 @@ class Int8Linear(nn.Module):
     """y = x W^T + b in int8: W per output channel, x per token (each token divided by its own max-abs over
     127), multiplied by FBGEMM's dynamic int8 kernel (exact integer accumulation), then each row multiplied
     back by its token's scale. FBGEMM picks one activation range for a whole call, from its min and max, which
-    would make a row depend on its company: an anchor row holding +127 and -127 fixes that range to the same
-    [-127, 127] for every call, so each token's output depends on that token alone, however many rows a call
-    holds (the anchor's output is dropped)."""
+    would make a row depend on its company: an anchor row holding +127.5 and -127.5 fixes that range for every
+    call (the anchor's output is dropped). Its width, 255, makes the activation scale exactly 1: FBGEMM's
+    kernels for different row counts and positions order the float rescaling of the integer sums differently,
+    which parts in the last bit unless one factor is 1. So each token's output depends on that token alone,
+    however many rows a call holds and wherever the token sits among them."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -45,7 +47,7 @@ class Int8Linear(nn.Module):
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)  # the bias is added after rescaling
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         anchor = torch.zeros(1, self.in_features)
-        anchor[0, 0], anchor[0, -1] = 127.0, -127.0
+        anchor[0, 0], anchor[0, -1] = 127.5, -127.5
         self.register_buffer("anchor", anchor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
