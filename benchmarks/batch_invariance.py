@@ -11,7 +11,8 @@ and after other traffic, on the default pair, counting the requests whose tokens
   on a CPU) costs against batched SDPA: the target's pass over 1 and 6 tokens for 1 and 6 rows of unequal
   lengths, the two taking turns (medians).
 
-    .venv/bin/python benchmarks/batch_invariance.py --backend transformers --out results/batch-invariance-hf.json
+    .venv/bin/python benchmarks/batch_invariance.py --backend transformers --costs \
+        --out results/batch-invariance-hf.json
     .venv/bin/python benchmarks/batch_invariance.py --backend llama.cpp --prompts 52 --tokens 48 \
         --out results/batch-invariance-llama.json
 """
@@ -108,10 +109,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="llama.cpp: rows decoded together")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--costs", action="store_true", help="transformers: time row-by-row attention too")
+    parser.add_argument("--batched-attention", action="store_true",
+                        help="transformers: the control, batched SDPA over the cache holes instead of row by row")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     pair = load_pair(backend=args.backend)
+    if args.batched_attention:
+        for model in (pair.draft.model, pair.target.model):
+            model.set_attn_implementation("sdpa")
     report = {"machine": describe(), "backend": args.backend, "tokens": args.tokens, "results": []}
     if args.backend == "transformers":
         requests = [(encode_prompt(pair.tokenizer, p), Verification.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
