@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ROW_ATTENTION = "diversed-rows"
 
@@ -144,6 +145,8 @@ def row_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_m
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)
+# The mask SDPA gets: what row_attention hands to SDPA when a call has no layout (transformers' generate()).
+AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)
 
 
 def _unsupported_feature(config) -> str | None:
