@@ -76,8 +76,10 @@ class TransformersRows:
         ids, valid = ids.to(self.valid.device), valid.to(self.valid.device)
         position_ids = (self.valid.sum(-1, keepdim=True) + valid.long().cumsum(-1) - 1).clamp_min(0)
         self.valid = torch.cat([self.valid, valid], dim=-1)
+        # The layout only where attention reads it: on a GPU its per-row indexing would be work for nothing.
+        layout = RowLayout.of(self.valid, width) if self.model.config._attn_implementation == ROW_ATTENTION else None
         out = self.model.base_model(input_ids=ids, attention_mask=self.valid.long(), position_ids=position_ids,
-                                    cache=self.cache, use_cache=True, row_layout=RowLayout.of(self.valid, width))
+                                    cache=self.cache, use_cache=True, row_layout=layout)
         last = out.last_hidden_state[:, width - outputs:]
         # Only the requested slots are projected onto the vocabulary: most of a small model's step.
         return last, self.model.get_output_embeddings()(last).float()
