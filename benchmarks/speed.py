@@ -96,7 +96,7 @@ class Row:
         """Share of the time spent outside the two models' forwards (issue 6's bar: under 5%)."""
         if not self.profile:
             return None
-        return 1 - (self.profile["draft forward"] + self.profile["target forward"]) / self.profile["total"]
+        return 1 - (self.profile["draft"] + self.profile["target forward"]) / self.profile["total"]
 
 
 @torch.inference_mode()

@@ -169,7 +169,7 @@ def test_dynamic_rule_gets_both_hidden_states_and_profile_splits_time(backend):
                  weight_fn=weight_fn, sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8,
                  profile=True)
     assert seen[0] == ((4, 3, 64), (4, 3, 64))
-    assert out.profile["draft forward"] > 0 and out.profile["head"] > 0
+    assert out.profile["draft"] > 0 and out.profile["head"] > 0
     assert sum(out.profile[phase] for phase in PHASES) == pytest.approx(out.profile["total"])
 
 

@@ -181,7 +181,7 @@ def test_generate_with_a_restricted_draft_vocabulary_and_a_profile(models, capsy
     code, out, _ = run(common + ["--json", "--draft-vocab", "10", "--profile"], capsys)
     line = json.loads(out)
     assert code == 0 and line["text"] == json.loads(full)["text"]
-    assert set(line["metrics"]["profile"]) >= {"draft forward", "target forward", "other", "total", "rounds"}
+    assert set(line["metrics"]["profile"]) >= {"draft", "target forward", "other", "total", "rounds"}
     code, out, _ = run(common + ["--profile"], capsys)
     assert code == 0 and "target forward" in out and "rounds)" in out
 

@@ -38,19 +38,19 @@ def test_restricted_head_equals_the_full_head_on_kept_ids_and_excludes_the_rest(
 
 
 def test_speculative_decoding_with_a_restricted_draft_stays_exact_and_drafts_only_kept_tokens(monkeypatch):
-    import diversed.decoding.drafters.model as engine
+    from diversed.decoding.drafters import ModelDrafter
 
     target = tiny_model(0, vocab=WORDS, hidden=32)
     draft = restricted(perturbed(target, 0.05, 1), 15)  # the target often wants tokens the draft cannot write
     drafted = []
-    original = engine._draft
+    original = ModelDrafter._draft
 
     def spy(*args):
         out = original(*args)
         drafted.append(out[0])
         return out
 
-    monkeypatch.setattr(engine, "_draft", spy)
+    monkeypatch.setattr(ModelDrafter, "_draft", spy)
     greedy = Sampling(0)
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=greedy, max_new_tokens=20)
     spec = decode(target, PROMPTS, draft=draft, sampling=greedy, draft_length=DraftLength(3), max_new_tokens=20)

@@ -23,12 +23,12 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model, Rows, as_model
-from diversed.decoding.drafters import Drafter, Proposal, SuffixCache, make_drafter
+from diversed.decoding.drafters import Drafter, DraftRound, Proposal, SuffixCache, make_drafter
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.decoding.policy import Groups, Policy, WeightFn
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
-from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel
+from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel, stopwatch
 from diversed.request import ContextTooLong, DraftLength, RequestError, Sampling, Verification, renamed_keywords
 from diversed.verify import Verdict
 
@@ -216,7 +216,7 @@ class Batch:
         self.capacity = capacity
         self.target_rows = target.rows(0, capacity)
         self.pending: list[list[int]] = []  # per row, what the target has not seen: the prompt, the last token
-        self.clock = PhaseClock(target.device, synchronize=profile or draft_length.schedule == "auto")
+        self.clock = PhaseClock(target.device, synchronize=profile)
         self.start = time.perf_counter()
         self.n = draft_length.initial
         self.speed: SpeedModel | None = None
@@ -290,8 +290,10 @@ class Batch:
         if self.drafter is not None and any(job.policy.drafts for job in self.jobs) and (speed or self.n):
             # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
             room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
-            caps = groups.draft_caps(self.draft_length.maximum if speed else self.n, room)
-            proposal = self.drafter.propose(caps, groups, self.clock, speed)
+            ask = DraftRound(groups.draft_caps(self.draft_length.maximum if speed else self.n, room),
+                             [job.policy.drafter for job in self.jobs], groups.draft_sample, groups.draft_hidden, speed)
+            with self.clock.phase("draft"):
+                proposal = self.drafter.propose(ask)
         if proposal is None:
             self._plain_step(groups, speed, prefill)
         else:
@@ -304,8 +306,9 @@ class Batch:
             self.costs.keep(self._costs_key, self.speed)
 
     def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
-        before = self.clock.seconds["target forward"]
+        lap = stopwatch(self.target.device, synchronize=speed is not None)
         token, probs = target_step(self.target_rows, self.pending, groups, self.clock)
+        seconds = lap()
         self.pending = [[t] for t in token]
         if self.drafter is not None:
             self.drafter.advance([[t] for t in token])
@@ -315,12 +318,13 @@ class Batch:
                 job.emit([t], self.eos, origins=[target_origin(float(probs[row, t]), job.stats.target_forwards)]
                          if job.provenance else None)
         if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
-            speed.observe_plain(self.clock.seconds["target forward"] - before)
+            speed.observe_plain(seconds)
             speed.draft_length = speed.best_length()
 
     def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool, proposal: Proposal) -> None:
-        before = self.clock.seconds["target forward"]
+        lap = stopwatch(self.target.device, synchronize=speed is not None)
         result = speculative_round(self.target_rows, self.pending, proposal, groups, self.clock)
+        verify_seconds = lap()  # the pass, its sampling and verification: what a round of this width costs
         n_round = result.drafts.shape[1]
         kept_counts, drafted_counts = result.verdict.num_accepted.tolist(), result.lengths.tolist()
         emitted = [d[:k] + [t] for d, k, t in zip(result.drafts.tolist(), kept_counts,
@@ -343,7 +347,6 @@ class Batch:
             if verdicts:
                 self.n = self.draft_length.next(self.n, sum(verdicts) / len(verdicts))
         elif not prefill:  # a round that fed prompts is not a round's cost
-            verify_seconds = self.clock.seconds["target forward"] - before
             if proposal.forwards:  # the draft model's round
                 speed.observe(kept_counts, drafted_counts, proposal.draft_steps,
                               proposal.draft_seconds if proposal.draft_steps else None, n_round + 1, verify_seconds)

@@ -99,19 +99,16 @@ class Groups:
                 caps[row] = 0 if not policy.drafts else min(caps[row], policy.max_drafts or n)
         return caps
 
-    def only(self, drafter: str, caps: Sequence[int]) -> list[int]:
-        """caps, with 0 for the rows whose policy does not let `drafter` draft for them."""
-        caps = list(caps)
-        for policy, rows in self.groups:
-            if policy.drafter not in ("auto", drafter):
-                for row in rows:
-                    caps[row] = 0
-        return caps
 
     def probs(self, logits: Tensor) -> Tensor:
         """Each row's logits [B, ..., V] to its policy's sampling distributions."""
         return self._per_group(lambda policy, rows: probabilities(policy.sampling, logits[rows]),
                                lambda: torch.zeros(logits.shape, device=logits.device))
+
+    def draft_sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """A draft model's logits [B, V] to each row's drafted token [B] and its distribution q [B, V]."""
+        q = self.probs(logits)
+        return self.sample(q, drafting=True), q
 
     def sample(self, probs: Tensor, drafting: bool = False) -> Tensor:
         """One token per row of probs [B, V] -> [B], each from its own policy's stream of the round: the

@@ -1,4 +1,5 @@
-"""Where a decoding call's time goes: seconds per phase of the round, for `--profile` and the auto schedule."""
+"""Where a decoding call's time goes: seconds per phase of the round, for `--profile` (the auto schedule times
+its own: diversed.decoding.schedule.stopwatch)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from contextlib import contextmanager
 
 import torch
 
-# "other" is whatever no phase covers: the loop's own Python, bookkeeping, stop strings.
-PHASES = ("draft forward", "target forward", "sampling", "head", "verify", "cache", "other")
+# "draft" is the drafter's whole proposal (the draft model's forwards and sampling, a copy's search); "other"
+# is whatever no phase covers: the loop's own Python, bookkeeping, stop strings.
+PHASES = ("draft", "target forward", "sampling", "head", "verify", "cache", "other")
 
 
 class PhaseClock:

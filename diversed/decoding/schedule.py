@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -17,6 +18,23 @@ COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per mach
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
+
+
+def stopwatch(device: torch.device, synchronize: bool = True) -> Callable[[], float]:
+    """Start timing work for the speed model; the function returned gives the seconds since. On a GPU (with
+    synchronize) the device's queue is drained at the start and at each reading, so that the time is the
+    work's own, not its launch's; on a CPU every call is synchronous anyway."""
+    wait = synchronize and device.type == "cuda"
+    if wait:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+
+    def seconds() -> float:
+        if wait:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    return seconds
 
 
 def expected_tokens_per_round(acceptance: Sequence[float] | Tensor) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from diversed.backends import Model
 from diversed.decoding.drafters.auto import AutoDrafter
-from diversed.decoding.drafters.base import Drafter, Proposal
+from diversed.decoding.drafters.base import Drafter, DraftRound, Proposal
 from diversed.decoding.drafters.lookup import LookupDrafter
 from diversed.decoding.drafters.model import ModelDrafter
 from diversed.decoding.drafters.prediction import PredictionDrafter, prediction_tokens
@@ -36,5 +36,5 @@ def make_drafter(name: str, draft: Model | None = None, *, capacity: int = 1, co
                        None if draft is None else ModelDrafter(draft, capacity, confidence))
 
 
-__all__ = ["DRAFTERS", "AutoDrafter", "Drafter", "LookupDrafter", "ModelDrafter", "PredictionDrafter", "Proposal",
-           "SuffixCache", "SuffixDrafter", "make_drafter", "prediction_tokens"]
+__all__ = ["DRAFTERS", "AutoDrafter", "DraftRound", "Drafter", "LookupDrafter", "ModelDrafter", "PredictionDrafter",
+           "Proposal", "SuffixCache", "SuffixDrafter", "make_drafter", "prediction_tokens"]

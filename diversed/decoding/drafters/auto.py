@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diversed.decoding.drafters.base import CopyDrafter, Proposal, best_candidate, copied, copy_width
+from diversed.decoding.drafters.base import CopyDrafter, DraftRound, Proposal, best_candidate, copied, copy_width
 from diversed.decoding.drafters.model import ModelDrafter
-from diversed.decoding.policy import Groups
-from diversed.decoding.profile import PhaseClock
-from diversed.decoding.schedule import SpeedModel
 
 
 class AutoDrafter:
@@ -39,13 +36,11 @@ class AutoDrafter:
         for member in self.members:
             member.advance(emitted)
 
-    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
-                ) -> Proposal | None:
-        model_caps = groups.only("model", caps)
-        if groups.draft_hidden:  # a mixture head reads the draft model's hidden states: its drafts only
-            return self.model.propose(model_caps, groups, clock, speed) if self.model is not None else None
-        with clock.phase("draft forward"):
-            per_copier = [copier.candidates(groups.only(copier.name, caps)) for copier in self.copiers]
+    def propose(self, ask: DraftRound) -> Proposal | None:
+        caps, speed, model_ask = ask.caps, ask.speed, ask.only("model")
+        if ask.hidden:  # a mixture head reads the draft model's hidden states: its drafts only
+            return self.model.propose(model_ask) if self.model is not None else None
+        per_copier = [copier.candidates(ask.only(copier.name).caps) for copier in self.copiers]
         # Each row copies from the drafter expected to add the most tokens within the row's cap (ties: the first,
         # the prediction).
         rows = list(zip(*per_copier, strict=True))
@@ -54,13 +49,13 @@ class AutoDrafter:
         names = [self.copiers[i].name for i in chosen]
         if speed is None:  # the draft model where there is one, but a prediction first where a row has one
             predicted = any(c is not None and name == "prediction" for c, name in zip(best, names, strict=True))
-            if self.model is not None and any(model_caps) and not predicted:
-                return self.model.propose(model_caps, groups, clock, speed)
+            if self.model is not None and any(model_ask.caps) and not predicted:
+                return self.model.propose(model_ask)
             return copied(best, names, None)
         if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it
             return None
         width, copy_rate = copy_width(best, speed)
-        n_model = speed.draft_length if self.model is not None and any(model_caps) else 0
+        n_model = speed.draft_length if self.model is not None and any(model_ask.caps) else 0
         if n_model:
             # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed. Once
             # timed, it drafts where it is predicted fastest, paying for the tokens it has to catch up on
@@ -68,5 +63,5 @@ class AutoDrafter:
             untimed = not speed.draft_steps
             if (not width) if untimed else \
                     speed.model_rate(n_model, self.model.behind) >= max(copy_rate, speed.tokens_per_second(0)):
-                return self.model.propose(model_caps, groups, clock, speed)
+                return self.model.propose(model_ask)
         return copied(best, names, speed) if width else None

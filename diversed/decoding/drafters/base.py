@@ -1,16 +1,18 @@
 """What the decoding loop needs from a drafter, and what every drafter shares.
 
-A drafter proposes up to caps[r] tokens for each row of a batch each round (`propose`), with their draft
-distribution q, or none (a point mass on each drafted token: a drafter that copies text has no distribution),
-and is told afterwards what each row emitted (`advance`: its kept drafts and the next token, or the token of a
-step of the target alone). Rows join with their prompt (`add`) and leave (`select`), as in the backends' Rows.
-The loop speaks to this interface only: the draft model is one drafter among others.
+A drafter sees rows of token ids and nothing of the loop's machinery: rows join with their prompt (`add`) and
+leave (`select`), as in the backends' Rows; each round it is asked for drafts (`propose`, with a DraftRound:
+each row's cap, and for the draft model how rows sample and whether hidden states are wanted) and returns
+them with their draft distribution q, or none (a point mass on each drafted token: a drafter that copies text
+has no distribution); afterwards it is told what each row wrote (`advance`: its kept drafts and the next
+token, or the token of a step of the target alone), from which it counts what it got kept. The draft model is
+one drafter among others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -20,16 +22,36 @@ from diversed.decoding.schedule import geometric_tau
 
 if TYPE_CHECKING:
     from diversed.backends import Model
-    from diversed.decoding.policy import Groups
-    from diversed.decoding.profile import PhaseClock
     from diversed.decoding.schedule import SpeedModel
+
+
+@dataclass(frozen=True)
+class DraftRound:
+    """What the loop asks of a drafter in one round. caps[r]: at most this many drafts for row r (0: none);
+    allowed[r]: which drafter may draft for row r ("auto": any member of an auto drafter); sample: a draft
+    model's logits [B, V] to each row's drafted token [B] and its distribution q [B, V], by the row's own
+    sampling and random stream; hidden: the draft model's hidden states are wanted (a mixture head reads
+    them); speed: the auto schedule's speed model, by whose predictions a drafter sizes its drafts (None:
+    draft up to the caps)."""
+
+    caps: list[int]
+    allowed: list[str]
+    sample: Callable[[Tensor], tuple[Tensor, Tensor]]
+    hidden: bool = False
+    speed: SpeedModel | None = None
+
+    def only(self, drafter: str) -> DraftRound:
+        """This round with cap 0 for the rows that `drafter` may not draft for."""
+        return replace(self, caps=[cap if allowed in ("auto", drafter) else 0
+                                   for cap, allowed in zip(self.caps, self.allowed, strict=True)])
 
 
 @dataclass
 class Proposal:
     """One round's drafts: tokens [B, n] (row r drafted lengths[r] of them; the rest is padding), q [B, n, V]
     or None for point masses, the draft model's hidden states [B, n, d] where a head needs them, the draft
-    forwards run, and which drafter wrote each row's drafts (None: the row drafted nothing)."""
+    forwards run, which drafter wrote each row's drafts (None: the row drafted nothing), and the seconds and
+    number of the forwards that were draft steps alone (for the speed model)."""
 
     tokens: Tensor
     lengths: Tensor
@@ -55,10 +77,9 @@ class Drafter(Protocol):
     def select(self, rows: Sequence[int]) -> None:
         """Keep only these rows, in this order."""
 
-    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
-                ) -> Proposal | None:
-        """Up to caps[r] drafts for row r (0: none for it); None to have the target decide alone this round.
-        With `speed` (the auto schedule), the drafter chooses how many by predicted speed."""
+    def propose(self, ask: DraftRound) -> Proposal | None:
+        """Up to ask.caps[r] drafts for row r; None to have the target decide alone this round. With a speed
+        model (the auto schedule), the drafter chooses how many by predicted speed."""
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         """What each row wrote this round, in order (its kept drafts, then the next token)."""
@@ -169,11 +190,9 @@ class CopyDrafter:
         self.last = [self.candidate(row, cap) if cap > 0 else None for row, cap in enumerate(caps)]
         return self.last
 
-    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
-                ) -> Proposal | None:
-        with clock.phase("draft forward"):
-            candidates = self.candidates(caps)
-        return copied(candidates, [self.name] * len(candidates), speed)
+    def propose(self, ask: DraftRound) -> Proposal | None:
+        candidates = self.candidates(ask.caps)
+        return copied(candidates, [self.name] * len(candidates), ask.speed)
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         for row, (written, last) in enumerate(zip(emitted, self.last, strict=True)):

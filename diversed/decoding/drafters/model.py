@@ -10,10 +10,8 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model
-from diversed.decoding.drafters.base import Proposal, _common_prefix
-from diversed.decoding.policy import Groups
-from diversed.decoding.profile import PhaseClock
-from diversed.decoding.schedule import SpeedModel
+from diversed.decoding.drafters.base import DraftRound, Proposal, _common_prefix
+from diversed.decoding.schedule import stopwatch
 
 
 class ModelDrafter:
@@ -42,9 +40,8 @@ class ModelDrafter:
         """The most tokens a row's cache has not seen: over 2, a round's forwards are not draft steps alone."""
         return max((len(t) - n for t, n in zip(self.texts, self.rows.lengths, strict=True)), default=0)
 
-    def propose(self, caps: Sequence[int], groups: Groups, clock: PhaseClock, speed: SpeedModel | None
-                ) -> Proposal | None:
-        behind = self.behind
+    def propose(self, ask: DraftRound) -> Proposal | None:
+        caps, speed, behind = ask.caps, ask.speed, self.behind
         catch_up = behind > 2
         if speed is not None:
             # A round that catches up times no draft step with its first forward: with none timed yet, it
@@ -57,7 +54,7 @@ class ModelDrafter:
         if max(caps, default=0) == 0:
             return None
         pending = [t[n:] for t, n in zip(self.texts, self.rows.lengths, strict=True)]
-        drafts, q, hidden, lengths, seconds = _draft(self.rows, pending, list(caps), groups, self.confidence, clock)
+        drafts, q, hidden, lengths, seconds = self._draft(pending, list(caps), ask)
         self.fed = [row[:-1] for row in drafts.tolist()]  # the last draft is never fed
         if catch_up and speed is not None:
             speed.observe_catch_up(behind, seconds[0])
@@ -75,31 +72,28 @@ class ModelDrafter:
             text.extend(written)
 
 
-def _draft(draft, tokens: list[list[int]], caps: list[int], groups: Groups, confidence: float,
-           clock: PhaseClock) -> tuple[Tensor, Tensor, Tensor | None, Tensor, list[float]]:
-    """Propose up to caps[r] tokens for row r. Returns drafts [B, n'], their distributions q [B, n', V], the
-    draft's hidden states that produced q [B, n', d] (when the groups need them), each row's draft length
-    [B] (its cap, or less where the confidence cut-off stopped it; n' is the longest), and each forward's
-    seconds."""
-    drafts, probs, states, seconds = [], [], [], []
-    lengths = torch.tensor(caps)
-    for i in range(max(max(caps), 1)):
-        before = clock.seconds["draft forward"]
-        with clock.phase("draft forward"):
-            h, logits = draft.feed(tokens, 1, hidden=groups.draft_hidden)
-        seconds.append(clock.seconds["draft forward"] - before)
-        with clock.phase("sampling"):
-            q = groups.probs(logits[:, -1])
-            x = groups.sample(q, drafting=True)
-        drafts.append(x)
-        probs.append(q)
-        if groups.draft_hidden:
-            states.append(h[:, -1])
-        if confidence:
-            unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < confidence).cpu()
-            lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
-        if (lengths <= i + 1).all():
-            break
-        tokens = [[t] for t in x.tolist()]
-    return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if groups.draft_hidden else None,
-            lengths.clamp(max=len(drafts)), seconds)
+    def _draft(self, tokens: list[list[int]], caps: list[int], ask: DraftRound
+               ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, list[float]]:
+        """Propose up to caps[r] tokens for row r after feeding it `tokens`. Returns drafts [B, n'], their
+        distributions q [B, n', V], the draft's hidden states that produced q [B, n', d] (when asked for),
+        each row's draft length [B] (its cap, or less where the confidence cut-off stopped it; n' is the
+        longest), and each step's seconds (forward and sampling: what a draft step costs)."""
+        drafts, probs, states, seconds = [], [], [], []
+        lengths = torch.tensor(caps)
+        for i in range(max(max(caps), 1)):
+            lap = stopwatch(self.draft_model.device, synchronize=ask.speed is not None)
+            h, logits = self.rows.feed(tokens, 1, hidden=ask.hidden)
+            x, q = ask.sample(logits[:, -1])
+            seconds.append(lap())
+            drafts.append(x)
+            probs.append(q)
+            if ask.hidden:
+                states.append(h[:, -1])
+            if self.confidence:
+                unsure = (q.gather(-1, x.unsqueeze(-1)).squeeze(-1) < self.confidence).cpu()
+                lengths = torch.where(unsure & (lengths > i + 1), i + 1, lengths)
+            if (lengths <= i + 1).all():
+                break
+            tokens = [[t] for t in x.tolist()]
+        return (torch.stack(drafts, 1), torch.stack(probs, 1), torch.stack(states, 1) if ask.hidden else None,
+                lengths.clamp(max=len(drafts)), seconds)
