@@ -3,7 +3,9 @@ and do not carry out each kind of request. A handful of sandbox runs, skipped wh
 programs."""
 
 import ast
+import io
 import re
+import tokenize
 
 import pytest
 
@@ -12,6 +14,7 @@ from diversed.tasks.file_edit import (
     FILE_EDIT,
     KINDS,
     SIZES,
+    SPLITS,
     carried_out,
     examples,
     file_code,
@@ -19,8 +22,14 @@ from diversed.tasks.file_edit import (
     mutation_sites,
     new_name,
     plant,
+    planted_bugs,
+    reindent,
     reward,
+    units,
 )
+from diversed.tasks.humaneval import load_humaneval
+from diversed.tasks.mbpp import load_mbpp
+from diversed.tasks.mbpp_edit import clean_code
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the data's regexes in plain strings ("\\w")
@@ -56,6 +65,45 @@ def test_mutation_sites_change_one_operator_or_constant():
         "    return a + b if a < 3 else (b - 1)", "    return a + b if a < 2 else (b + 1)",
         "    return a + b if a < 2 else (b - 2)"}
     assert all(p.splitlines()[1] == "    # a < b here" for p in planted)
+
+
+def test_reindent_makes_levels_4_spaces_and_leaves_strings_and_continuations_in_place():
+    code = ("def f(a,\n\tb):\n\t# first\n\tif a:\n\t\tx = [1,\n\t\t     2]\n\t\ts = '''one\n\t two'''\n"
+            "\t# back out\n\treturn x \\\n\t\t+ [b]\n")
+    assert reindent(code) == ("def f(a,\n        b):\n    # first\n    if a:\n        x = [1,\n" + " " * 13 + "2]\n"
+                              "        s = '''one\n\t two'''\n    # back out\n    return x \\\n            + [b]\n")
+    assert reindent("if a:\n b = 1\n # odd\nc = 2  # keep\n") == "if a:\n    b = 1\n    # odd\nc = 2  # keep\n"
+    assert reindent("class A:\n  def f(self):\n    '''Doc\n    more.'''\n    return 1\n") == (
+        "class A:\n    def f(self):\n        '''Doc\n    more.'''\n        return 1\n")
+    pep8 = "def f(x):\n    # note\n    return [x,\n      x]  # two\n"
+    assert reindent(pep8) == pep8 and reindent("def f(:\n") == "def f(:\n"
+
+
+def _four_spaces_a_level(code: str) -> bool:
+    """Whether every block of `code` is indented 4 spaces more than the one it is in."""
+    depth = 0
+    for token in tokenize.generate_tokens(io.StringIO(code).readline):
+        depth += (token.type == tokenize.INDENT) - (token.type == tokenize.DEDENT)
+        if token.type == tokenize.INDENT and token.string != "    " * depth:
+            return False
+    return True
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::SyntaxWarning")  # the data's plain "\d"
+def test_every_unit_is_4_space_indented_and_the_same_program_with_the_same_bug_sites():
+    for split in SPLITS:
+        sources = {p.task_id: p.prompt + p.canonical_solution for p in load_humaneval(split)}
+        sources |= {f"MBPP/{p.task_id}": clean_code(p) for p in load_mbpp(split)}
+        bugs = planted_bugs(split)
+        for unit in units(split):
+            source = sources[unit.id]
+            assert ast.dump(ast.parse(source)) == ast.dump(ast.parse(unit.code)), unit.id
+            assert _four_spaces_a_level(unit.code), unit.id
+            if _four_spaces_a_level(source):
+                assert unit.code == source, unit.id  # already 4 spaces a level: byte for byte the same
+            if unit.id in bugs:  # bugs.json's site index plants the same bug as in the source
+                before, after = (mutation_sites(code, unit.function)[bugs[unit.id]] for code in (source, unit.code))
+                assert ast.dump(ast.parse(plant(source, before))) == ast.dump(ast.parse(plant(unit.code, after)))
 
 
 def _answer(example, edit) -> str:

@@ -5,6 +5,9 @@ the one where copying the input (Predicted Outputs, prompt lookup) pays most.
 Files are assembled from HumanEval's canonical solutions and MBPP's reference solutions, each with its own
 tests (diversed.tasks.humaneval, diversed.tasks.mbpp): a file holds the units of one split only (HumanEval's
 split by task number, MBPP's by task_id), in a fixed pseudo-random order, none defining a name another defines.
+Every unit is re-indented to 4 spaces a level first (reindent; the same program), since MBPP's tabs and one- or
+two-space levels are an artifact of the data set, not what a user's file looks like (PEP 8), and a model that
+copies the file re-indents them unasked, departing from it on every line.
 Each file gets two requests (two examples), KINDS in turn, each about one function of the file:
 - rename: rename it and every call to it (its tests then call the new name; the old one must be gone);
 - parameter: add a keyword parameter `verbose` with default False that prints the result when true;
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
 import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from functools import cache
 
@@ -76,15 +81,84 @@ def units(split: str) -> list[Unit]:
     """Every usable source problem of a split, HumanEval's and MBPP's, in a fixed pseudo-random order (by the
     sha256 of its id)."""
     check_split(split, SPLITS)
-    found = [Unit(p.task_id, p.prompt + p.canonical_solution, f"{p.tests}\n\ncheck({p.entry_point})\n", p.entry_point)
-             for p in load_humaneval(split)]
+    found = [Unit(p.task_id, reindent(p.prompt + p.canonical_solution), f"{p.tests}\n\ncheck({p.entry_point})\n",
+                  p.entry_point) for p in load_humaneval(split)]
     for problem in load_mbpp(_MBPP_SPLITS[split]):
-        code = clean_code(problem)
+        code = reindent(clean_code(problem))
         function = _tested_function(code, problem.tests)
         if function is not None:
             found.append(Unit(f"MBPP/{problem.task_id}", code, "\n".join(filter(None, [problem.setup, *problem.tests])),
                               function))
     return sorted(found, key=lambda unit: hashlib.sha256(unit.id.encode()).hexdigest())
+
+
+def reindent(code: str) -> str:
+    """`code` indented 4 spaces a level: every statement's leading whitespace (tabs, 1, 2 or 3 spaces a level)
+    made 4 spaces per block it is in (levels from tokenize's INDENT and DEDENT tokens). A statement's
+    continuation lines move with its first line, keeping their place relative to it; a comment line takes the
+    indentation of the statement or block it lines up with; lines inside a string are not touched. The program
+    stays the same (the same syntax tree). Code that does not tokenize is returned as it is."""
+    lines = io.StringIO(code).readlines()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return code
+
+    def width(row: int) -> int:
+        line = lines[row - 1]
+        return len(line[:len(line) - len(line.lstrip(" \t"))].expandtabs(8))
+
+    fstring_start, fstring_end = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
+    indents: dict[int, int] = {}  # line number -> its new indentation (columns)
+    inside_string, seen = set(), set()  # lines that begin inside a string; lines whose first token was seen
+    levels: dict[int, tuple[int, int]] = {}  # depth -> (old, new) indentation of the latest statement there
+    comments: list[int] = []  # comment lines waiting for the next statement
+    depth, last_depth, statement, first, fstrings = 0, 0, True, (0, 0), []
+
+    def place_comments(candidates: list[tuple[int, int]]) -> None:
+        for row in comments:
+            old = width(row)
+            match = next((new for before, new in candidates if before == old), None)
+            if match is None:  # lines up with nothing: keep its offset from the block it is in
+                before, new = max((c for c in candidates if c[0] <= old), default=(0, 0))
+                match = new + old - before
+            indents[row] = match
+        comments.clear()
+
+    for token in tokens:
+        kind, (row, column) = token.type, token.start
+        if kind == tokenize.INDENT:
+            depth += 1
+        elif kind == tokenize.DEDENT:
+            depth -= 1
+        elif kind == tokenize.NEWLINE:
+            statement = True
+        elif kind == tokenize.ENDMARKER:
+            place_comments([levels[d] for d in range(last_depth, -1, -1) if d in levels])
+        elif kind != tokenize.NL:
+            starts_line = (not fstrings and row not in seen and row not in inside_string
+                           and not lines[row - 1][:column].strip(" \t"))
+            seen.add(row)
+            if kind == tokenize.COMMENT and statement and starts_line:
+                comments.append(row)
+            elif statement:  # the blocks the previous statement is in, innermost first: what a comment may end
+                blocks = [levels[d] for d in range(last_depth, -1, -1) if d in levels]
+                first, statement, last_depth = (width(row), 4 * depth), False, depth
+                levels[depth] = first
+                indents[row] = first[1]
+                place_comments([first, *blocks])
+            elif starts_line:  # a continuation line
+                indents[row] = max(0, width(row) - first[0] + first[1])
+        if kind == fstring_start:
+            fstrings.append(row)
+        elif kind == fstring_end:
+            inside_string.update(range(fstrings.pop() + 1, token.end[0] + 1))
+        elif kind == tokenize.STRING:
+            inside_string.update(range(row + 1, token.end[0] + 1))
+    for row, columns in indents.items():
+        line = lines[row - 1]
+        lines[row - 1] = " " * columns + line.lstrip(" \t")
+    return "".join(lines)
 
 
 def _tested_function(code: str, tests: tuple[str, ...]) -> str | None:
