@@ -131,14 +131,15 @@ class LlamaServer:
 
 
 def verify_costs(pair: Pair, ids: list[int], widths=WIDTHS, repeats: int = 5) -> dict[int, float]:
-    """The target's pass over k tokens after a prompt (k in widths), seconds, medians of `repeats`."""
+    """The target's pass over k tokens after a prompt (k in widths) returning the logits of all k, as a verify
+    pass does, seconds, medians of `repeats`."""
     rows = pair.target.rows(1)
     rows.feed([ids], 1)
     held, times = len(ids), {k: [] for k in widths}
     for _ in range(repeats):
         for k in times:
             start = time.perf_counter()
-            rows.feed([ids[-k:]], 1)
+            rows.feed([ids[-k:]], k)
             times[k].append(time.perf_counter() - start)
             rows.truncate([held])
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
