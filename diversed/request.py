@@ -447,7 +447,8 @@ def check_predictions(prediction: str | Sequence[str | None] | None, count: int,
         if text is not None:
             _check_text("prediction", "{}" if count == 1 else f"{{}} {number}", text)
     given = any(text is not None for text in predictions)
-    if drafter == "prediction" and not all(text is not None for text in predictions):
+    # The target alone drafts nothing, so it needs no prediction whatever the drafter (an evaluation's baseline).
+    if drafter == "prediction" and verification.name != "plain" and not all(text is not None for text in predictions):
         raise RequestError("drafter", "{} 'prediction' drafts from a prediction: give one for every prompt")
     if given and drafter not in ("auto", "prediction"):
         raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")

@@ -244,12 +244,14 @@ def test_a_refused_evaluation_writes_nothing_and_the_corrected_one_runs(case, pa
     assert [(r["example"], r["verification"]) for r in rows(out)] == [("1", "exact")]
 
 
-def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens(pair, small_task, tmp_path):
+@pytest.mark.parametrize("drafter", ["auto", "prediction"])
+def test_an_evaluation_with_predictions_drafts_from_them_and_counts_their_tokens(pair, small_task, tmp_path, drafter):
     """Each example's input text as its prediction (file-edit's file): rows count the accepted and rejected
-    prediction tokens; the target alone (auto) runs without one, as every prediction's baseline."""
+    prediction tokens; the target alone (plain) runs without one, as every prediction's baseline, whichever
+    drafter the others use."""
     examples = [replace(e, metadata={"original": "t5 t6 t7 t8"}) for e in small_task.examples("test")]
     task = replace(small_task, examples=lambda split, limit=None: examples[:limit])
-    config = replace(SMALL, prediction=True, drafter="auto", max_new_tokens=8)
+    config = replace(SMALL, prediction=True, drafter=drafter, max_new_tokens=8)
     evaluate(pair, task, ["plain", "exact"], config, tmp_path / "eval", progress=False)
     by_verification = {r["verification"]: r for r in rows(tmp_path / "eval") if r["example"] == "1"}
     assert "accepted_prediction_tokens" not in by_verification["plain"]
