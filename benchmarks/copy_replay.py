@@ -108,9 +108,10 @@ def main() -> None:
         texts = greedy_texts(pair, workloads, args.tokens, 1024)
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
-    costs = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
-    print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()))
-    report = {"costs_ms": {k: 1000 * v for k, v in costs.items()}, "speedups": {}}
+    timed = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
+    costs = timed.flat()
+    print(f"verify pass by width (ms): {timed.line()}")
+    report = {"costs_ms": timed.ms(), "speedups": {}}
     runs = {name: [(ids, text, None) for ids, text, _ in items] for name, items in texts.items()}
     if args.long:
         runs["file-edit+prediction"] = texts["file-edit"]

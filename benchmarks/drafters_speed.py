@@ -22,8 +22,9 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
   as its prediction (OpenAI's Predicted Outputs; file-edit only).
 - oracle: the ceiling of copying: for the text `ours auto exact` wrote (greedy: the target's), a drafter that
   knows how many tokens of the better of lookup's and the suffix cache's proposals will be kept drafts exactly
-  those when that is faster, priced with the verify times measured here (`costs`); its time is the cheapest
-  sequence of rounds (dynamic programming over positions), plus plain llama.cpp's own prompt time.
+  those when that is faster, priced with the verify times measured here at a few contexts (`costs`, linear
+  between them: a pass costs more the more it attends over); its time is the cheapest sequence of rounds
+  (dynamic programming over positions), plus plain llama.cpp's own prompt time.
 
     .venv/bin/python benchmarks/drafters_speed.py --llama-server PATH/llama-server \
         --out benchmarks/results/drafters-speed.json
@@ -35,6 +36,7 @@ import argparse
 import json
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from llama_speed import Row, plain_llama
@@ -130,33 +132,77 @@ class LlamaServer:
         self.process.wait()
 
 
-def verify_costs(pair: Pair, ids: list[int], widths=WIDTHS, repeats: int = 5) -> dict[int, float]:
-    """The target's pass over k tokens after a prompt (k in widths) returning the logits of all k, as a verify
-    pass does, seconds, medians of `repeats`."""
-    rows = pair.target.rows(1)
-    rows.feed([ids], 1)
-    held, times = len(ids), {k: [] for k in widths}
-    for _ in range(repeats):
-        for k in times:
-            start = time.perf_counter()
-            rows.feed([ids[-k:]], k)
-            times[k].append(time.perf_counter() - start)
-            rows.truncate([held])
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+@dataclass
+class VerifyCosts:
+    """Seconds of the target's verify pass by context (tokens already held) and width (tokens fed, the
+    logits of all returned), measured at a few contexts; between them linear in the context, as attention's
+    share of a pass is, and beyond them the nearest two's line extended."""
+    by_context: dict[int, dict[int, float]]
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted(next(iter(self.by_context.values())))
+
+    def at(self, width: int, context: int) -> float:
+        points = sorted(self.by_context)
+        if len(points) == 1:
+            return self.by_context[points[0]][width]
+        right = next((i for i, c in enumerate(points) if c >= context), len(points) - 1)
+        low, high = points[max(right - 1, 0)], points[max(right, 1)]
+        a, b = self.by_context[low][width], self.by_context[high][width]
+        return a + (b - a) * (context - low) / (high - low)
+
+    def flat(self) -> dict[int, float]:
+        """Seconds by width, where the passes were timed at one context only."""
+        (row,) = self.by_context.values()
+        return row
+
+    def ms(self) -> dict[int, dict[int, float]]:
+        return {c: {k: 1000 * v for k, v in row.items()} for c, row in self.by_context.items()}
+
+    def line(self) -> str:
+        return "; ".join(f"context {c}: " + ", ".join(f"{k}: {v:.0f}" for k, v in row.items() if k in SHOWN)
+                         for c, row in self.ms().items())
 
 
-def oracle_seconds(ids: list[int], written: list[int], costs: dict[int, float], cache: SuffixCache,
+SHOWN = (1, 4, 8, 16, 32, 48, 65)  # the widths a table's caption lists
+
+
+def verify_costs(pair: Pair, ids: list[int], widths=WIDTHS, repeats: int = 5,
+                 contexts: tuple[int, ...] | None = None) -> VerifyCosts:
+    """The target's pass over k tokens (k in widths) after a context, returning the logits of all k as a verify
+    pass does, seconds, medians of `repeats`; at each of `contexts` (the prompt's tokens, cycled to that
+    length; attention's cost depends on the length, not the text), or after `ids` alone."""
+    by_context = {}
+    for length in contexts or (len(ids),):
+        held_ids = (ids * (length // len(ids) + 1))[:length]
+        rows = pair.target.rows(1)
+        rows.feed([held_ids], 1)
+        times = {k: [] for k in widths}
+        for _ in range(repeats):
+            for k in times:
+                start = time.perf_counter()
+                rows.feed([held_ids[-k:]], k)
+                times[k].append(time.perf_counter() - start)
+                rows.truncate([length])
+        by_context[length] = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        del rows
+    return VerifyCosts(by_context)
+
+
+def oracle_seconds(ids: list[int], written: list[int], costs: VerifyCosts, cache: SuffixCache,
                    prediction: list[int] | None = None) -> float:
     """The fastest copying could write `written` after `ids` once the prompt pass wrote its first token: each
     position's best proposal (lookup, the suffix cache or the prediction) matched against what follows; a
-    round drafts n <= matched tokens and writes n + 1 for the pass at width n + 1 (the cheapest plan over
-    positions, by dynamic programming)."""
+    round drafts n <= matched tokens and writes n + 1 for the pass at width n + 1, priced at the context the
+    pass runs at (the cheapest plan over positions, by dynamic programming)."""
     drafters = [LookupDrafter(), SuffixDrafter(cache), PredictionDrafter()]
     for drafter in drafters:
         drafter.add(ids, prediction)
         drafter.advance([written[:1]])
     written = written[1:]
-    longest = max(costs) - 1
+    widths = set(costs.widths)
+    longest = max(widths) - 1
     matched = []
     for i in range(len(written)):
         best = 0
@@ -172,8 +218,9 @@ def oracle_seconds(ids: list[int], written: list[int], costs: dict[int, float], 
     end = len(written)
     fastest = [0.0] * (end + 1)
     for i in range(end - 1, -1, -1):
-        fastest[i] = min(costs[n + 1] + fastest[min(i + n + 1, end)] for n in range(min(matched[i], longest) + 1)
-                         if n + 1 in costs)
+        context = len(ids) + 1 + i  # the prompt and the first token are held, then i written tokens
+        fastest[i] = min(costs.at(n + 1, context) + fastest[min(i + n + 1, end)]
+                         for n in range(min(matched[i], longest) + 1) if n + 1 in widths)
     return fastest[0]
 
 
@@ -225,6 +272,8 @@ def main() -> None:
     parser.add_argument("--grid", choices=("full", "small"), default="full", help="llama-server settings to tune")
     parser.add_argument("--settings", type=Path, help="take llama-server's settings from an earlier run's JSON "
                                                       "(its llama_server_settings) instead of tuning")
+    parser.add_argument("--cost-contexts", type=int, nargs="+", default=[256, 1024, 2048],
+                        help="contexts at which verify passes are timed for the oracle (priced between them)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -232,10 +281,10 @@ def main() -> None:
     _, target_gguf = default_gguf_pair()
     sets = workloads({"file-edit": args.file_edit, "mbpp-edit": args.edit, "mbpp-edit-2turn": args.turns,
                       "gsm8k": args.gsm8k, "humaneval": args.humaneval})
-    costs = verify_costs(pair, token_ids(pair, next(iter(sets.values()))[0].prompt_for(chat=True)))
-    print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()), flush=True)
-    report = {"machine": describe(),
-              "tokens": args.tokens, "costs_ms": {k: 1000 * v for k, v in costs.items()}, "results": []}
+    costs = verify_costs(pair, token_ids(pair, next(iter(sets.values()))[0].prompt_for(chat=True)),
+                         contexts=tuple(args.cost_contexts))
+    print(f"verify pass by context and width (ms): {costs.line()}", flush=True)
+    report = {"machine": describe(), "tokens": args.tokens, "costs_ms": costs.ms(), "results": []}
     servers = {}
     if args.llama_server:
         tuning = [e.prompt_for(chat=True) for e in get_task(args.tune_task).examples("train", limit=args.tune)] \
@@ -274,7 +323,7 @@ def main() -> None:
 
 
 def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: float, eos: set[int],
-                 costs: dict[int, float]) -> tuple[dict[str, Row], float]:
+                 costs: VerifyCosts) -> tuple[dict[str, Row], float]:
     """Every configuration on every prompt of one workload, interleaved; and the oracle's tokens/s."""
     file_edit = "original" in examples[0].metadata
     tokens = args.file_edit_tokens if file_edit else args.tokens
@@ -306,7 +355,8 @@ def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: f
         # with plain llama.cpp's prompt pass (its time less its later steps'), then the cheapest rounds.
         plain = rows["plain llama.cpp"].stats[-1]
         text = written.get("ours auto exact") or []
-        prompt_pass = max(plain.wall_time - (plain.new_tokens - 1) * costs[1], 0.0)
+        steps = sum(costs.at(1, len(ids) + j) for j in range(1, plain.new_tokens))
+        prompt_pass = max(plain.wall_time - steps, 0.0)
         oracle_time += prompt_pass + oracle_seconds(ids, text, costs, SuffixCache(), predicted)
         oracle_tokens += len(text)
         print(f"T = {temperature}: prompt {i + 1}/{len(examples)} done", flush=True)

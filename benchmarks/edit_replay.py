@@ -48,15 +48,16 @@ def main() -> None:
             texts.append((example.id, ids, out.tokens[0], prediction))
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
-    costs = verify_costs(pair, texts[0][1])
-    print("verify pass by width (ms): " + ", ".join(f"{k}: {1000 * v:.0f}" for k, v in costs.items()))
-    report = {"machine": describe(), "costs_ms": {k: 1000 * v for k, v in costs.items()}, "texts": []}
+    timed = verify_costs(pair, texts[0][1])  # at the first prompt's context, for every replay alike
+    costs = timed.flat()
+    print(f"verify pass by width (ms): {timed.line()}")
+    report = {"machine": describe(), "costs_ms": timed.ms(), "texts": []}
     totals = dict.fromkeys(("plain", "copying", "prediction", "oracle"), 0.0)
     print("| prompt | tokens | copying | with the prediction | oracle |\n|---|---|---|---|---|")
     for name, ids, text, prediction in texts:
         seconds = {"plain": len(text) * costs[1], "copying": replay(ids, text, costs, base.PRIOR),
                    "prediction": replay(ids, text, costs, base.PRIOR, prediction),
-                   "oracle": costs[1] + oracle_seconds(ids, text, costs, SuffixCache(), prediction)}
+                   "oracle": costs[1] + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
         report["texts"].append({"id": name, "tokens": len(text), "seconds": seconds})
         for key, value in seconds.items():
             totals[key] += value
