@@ -6,7 +6,9 @@ copying finds little).
 
 Per workload and temperature, one row per configuration: tokens/s (new tokens over the wall time of the
 whole generation, prompt processing included, for every engine alike), time per prompt, acceptance, tokens
-per verify pass (tau), the ratio to plain llama.cpp, and for relaxed rules nothing about quality (that is
+per verify pass (tau), the ratio to plain llama.cpp, the decode rate (tokens after the first over the time
+after the prompt pass, the target's pass over each prompt timed once on our backend and taken out of every
+configuration's time alike) and its ratio, and for relaxed rules nothing about quality (that is
 `diversed eval`'s job: benchmarks/README.md has the pass rates). Configurations take turns prompt by prompt,
 the order reversing every prompt, so that a slow spell of the machine spreads over all of them.
 
@@ -302,8 +304,8 @@ def main() -> None:
             for name, prompts in sets.items():
                 if temperature > 0 and name not in args.sampled_workloads:
                     continue
-                rows, oracle = run_workload(args, pair, servers, prompts, temperature, eos, costs)
-                print(table(rows, oracle, temperature, name), flush=True)
+                rows, oracle, prompt = run_workload(args, pair, servers, prompts, temperature, eos, costs)
+                print(table(rows, oracle, prompt, temperature, name), flush=True)
                 plain = rows["plain llama.cpp"]
                 for row in rows.values():
                     summary = summarize(row.stats, row.seconds)
@@ -311,10 +313,13 @@ def main() -> None:
                         "temperature": temperature, "prompts": name, "config": row.name,
                         "tokens_per_s": row.tokens_per_s, "seconds_per_prompt": row.seconds / len(row.stats),
                         "vs_plain": row.tokens_per_s / plain.tokens_per_s,
+                        "decode_tokens_per_s": decode_rate(row, prompt), "prompt_seconds": prompt,
                         **{k: summary[k] for k in ("new_tokens", "acceptance_rate", "tau", "drafted", "accepted",
                                                    "rule_tokens", "target_tokens", "drafters")}})
                 report["results"].append({"temperature": temperature, "prompts": name, "config": "oracle",
-                                          "tokens_per_s": oracle, "vs_plain": oracle / plain.tokens_per_s})
+                                          "tokens_per_s": oracle.tokens_per_s,
+                                          "vs_plain": oracle.tokens_per_s / plain.tokens_per_s,
+                                          "decode_tokens_per_s": decode_rate(oracle, prompt), "prompt_seconds": prompt})
                 if args.out:
                     args.out.write_text(json.dumps(report, indent=1) + "\n")
     finally:
@@ -323,8 +328,9 @@ def main() -> None:
 
 
 def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: float, eos: set[int],
-                 costs: VerifyCosts) -> tuple[dict[str, Row], float]:
-    """Every configuration on every prompt of one workload, interleaved; and the oracle's tokens/s."""
+                 costs: VerifyCosts) -> tuple[dict[str, Row], Row, float]:
+    """Every configuration on every prompt of one workload, interleaved; the oracle's (priced) row; and the
+    seconds of the target's prompt passes, all prompts'."""
     file_edit = "original" in examples[0].metadata
     tokens = args.file_edit_tokens if file_edit else args.tokens
     runs = {"plain llama.cpp": lambda ids, seed, _: (*plain_llama(pair.target, ids, tokens, temperature, seed, eos),
@@ -341,9 +347,11 @@ def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: f
         if name.startswith("ours"):
             runs[name](warm[:64], 0, warm[:32])
     rows = {name: Row(name) for name in runs}
-    written, oracle_time, oracle_tokens = {}, 0.0, 0
+    written, oracle, prompt_total = {}, Row("oracle (copying, ceiling)"), 0.0
     for i, example in enumerate(examples):
         ids = token_ids(pair, example.prompt_for(chat=True))
+        prompt = prompt_seconds(pair, ids)
+        prompt_total += prompt
         predicted = pair.tokenizer(example.metadata["original"], add_special_tokens=False)["input_ids"] \
             if file_edit else None
         order = list(runs) if i % 2 == 0 else list(reversed(runs))
@@ -352,29 +360,42 @@ def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: f
             rows[name].add(stats, seconds)
             written[name] = out
         # The oracle writes what our exact auto run wrote (plain llama.cpp returns no tokens): its first token
-        # with plain llama.cpp's prompt pass (its time less its later steps'), then the cheapest rounds.
-        plain = rows["plain llama.cpp"].stats[-1]
+        # with the prompt pass, then the cheapest rounds.
         text = written.get("ours auto exact") or []
-        steps = sum(costs.at(1, len(ids) + j) for j in range(1, plain.new_tokens))
-        prompt_pass = max(plain.wall_time - steps, 0.0)
-        oracle_time += prompt_pass + oracle_seconds(ids, text, costs, SuffixCache(), predicted)
-        oracle_tokens += len(text)
+        oracle.add(SequenceStats(new_tokens=len(text)), prompt + oracle_seconds(ids, text, costs, SuffixCache(),
+                                                                                 predicted))
         print(f"T = {temperature}: prompt {i + 1}/{len(examples)} done", flush=True)
-    return rows, oracle_tokens / oracle_time if oracle_time else 0.0
+    return rows, oracle, prompt_total
 
 
-def table(rows: dict[str, Row], oracle: float, temperature: float, name: str) -> str:
-    plain = rows["plain llama.cpp"].tokens_per_s
-    lines = [f"\n{name}, T = {temperature}, {len(rows['plain llama.cpp'].stats)} prompts",
-             "| configuration | tokens/s | s per prompt | vs plain | acceptance | tau | kept/drafted |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows.values():
+def prompt_seconds(pair: Pair, ids: list[int]) -> float:
+    """The target's pass over a prompt, which writes the first token: what every engine pays before decoding."""
+    rows = pair.target.rows(1)
+    start = time.perf_counter()
+    rows.feed([ids], 1)
+    return time.perf_counter() - start
+
+
+def decode_rate(row: Row, prompt: float) -> float:
+    """Tokens after each prompt's first over the time after its prompt pass (`prompt`: all prompts' passes):
+    decoding alone, without the prompt pass that every engine pays alike."""
+    return sum(s.new_tokens - 1 for s in row.stats) / max(row.seconds - prompt, 1e-9)
+
+
+def table(rows: dict[str, Row], oracle: Row, prompt: float, temperature: float, name: str) -> str:
+    plain = rows["plain llama.cpp"]
+    count = len(plain.stats)
+    lines = [f"\n{name}, T = {temperature}, {count} prompts (prompt pass {prompt / count:.2f} s a prompt)",
+             "| configuration | tokens/s | s per prompt | vs plain | decode tokens/s | decode vs plain | acceptance "
+             "| tau | kept/drafted |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in [*rows.values(), oracle]:
         summary = summarize(row.stats, row.seconds)
         rate = "-" if summary["acceptance_rate"] is None else f"{summary['acceptance_rate']:.0%}"
         tau = "-" if not summary["target_forwards"] else f"{summary['tau']:.2f}"
-        lines.append(f"| {row.name} | {row.tokens_per_s:.2f} | {row.seconds / len(row.stats):.2f} | "
-                     f"{row.tokens_per_s / plain:.2f}x | {rate} | {tau} | {summary['accepted']}/{summary['drafted']} |")
-    lines.append(f"| oracle (copying, ceiling) | {oracle:.2f} | | {oracle / plain:.2f}x | | | |")
+        kept = "" if row is oracle else f"{summary['accepted']}/{summary['drafted']}"
+        lines.append(f"| {row.name} | {row.tokens_per_s:.2f} | {row.seconds / count:.2f} | "
+                     f"{row.tokens_per_s / plain.tokens_per_s:.2f}x | {decode_rate(row, prompt):.2f} | "
+                     f"{decode_rate(row, prompt) / decode_rate(plain, prompt):.2f}x | {rate} | {tau} | {kept} |")
     return "\n".join(lines)
 
 
