@@ -26,7 +26,7 @@ the order reversing every prompt, so that a slow spell of the machine spreads ov
   knows how many tokens of the better of lookup's and the suffix cache's proposals will be kept drafts exactly
   those when that is faster, priced with the verify times measured here at a few contexts (`costs`, linear
   between them: a pass costs more the more it attends over); its time is the cheapest sequence of rounds
-  (dynamic programming over positions), plus plain llama.cpp's own prompt time.
+  (dynamic programming over positions), plus the prompt pass as timed for the decode rate.
 
     .venv/bin/python benchmarks/drafters_speed.py --llama-server PATH/llama-server \
         --out benchmarks/results/drafters-speed.json
@@ -134,6 +134,9 @@ class LlamaServer:
         self.process.wait()
 
 
+SHOWN = (1, 4, 8, 16, 32, 48, 65)  # the widths a table's caption lists
+
+
 @dataclass
 class VerifyCosts:
     """Seconds of the target's verify pass by context (tokens already held) and width (tokens fed, the
@@ -165,9 +168,6 @@ class VerifyCosts:
     def line(self) -> str:
         return "; ".join(f"context {c}: " + ", ".join(f"{k}: {v:.0f}" for k, v in row.items() if k in SHOWN)
                          for c, row in self.ms().items())
-
-
-SHOWN = (1, 4, 8, 16, 32, 48, 65)  # the widths a table's caption lists
 
 
 def verify_costs(pair: Pair, ids: list[int], widths=WIDTHS, repeats: int = 5,
