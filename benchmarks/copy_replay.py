@@ -48,9 +48,11 @@ LONG_WORKLOADS = {"file-edit": 6}
 
 
 def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: tuple[float, float],
-           prediction: list[int] | None = None) -> float:
+           prediction: list[int] | None = None, told_breaks: bool = False) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
-    prediction, the prediction drafter first, as the auto drafter takes them)."""
+    prediction, the prediction drafter first, as the auto drafter takes them). told_breaks: each round's width
+    is cut to the tokens that will be kept (no drafter can know this; it separates the cost of drafts lost at
+    the edits from that of widths chosen under uncertainty)."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
         drafters.insert(0, PredictionDrafter())
@@ -70,6 +72,7 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
         kept = 0
         while kept < width and best.tokens[kept] == text[i + kept]:
             kept += 1
+        width = kept if told_breaks else width
         emitted = text[i:i + kept + 1]
         seconds += speed.verify_time(width + 1)
         for drafter in drafters:

@@ -5,7 +5,9 @@ The texts are the target's greedy answers to `file-edit` train prompts on llama.
 `--texts`, or read from it). Each is replayed as copy_replay.replay does (the auto drafter's copying members
 and the speed model's width each round), without and with the file as the prediction, and priced as the
 oracle of drafters_speed.oracle_seconds (a drafter that knows how many tokens of the best proposal will be
-kept), all with the verify passes timed at the start of the run.
+kept), all with the verify passes timed at the start of the run. Between them, "told where it breaks": the
+prediction's replay with each round cut to the drafts that will be kept, the widths otherwise the speed
+model's: what is left of the gap to the oracle is the width of rounds, not the drafts lost at edits.
 
     .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
         --out benchmarks/results/edit-replay.json
@@ -52,20 +54,22 @@ def main() -> None:
     costs = timed.flat()
     print(f"verify pass by width (ms): {timed.line()}")
     report = {"machine": describe(), "costs_ms": timed.ms(), "texts": []}
-    totals = dict.fromkeys(("plain", "copying", "prediction", "oracle"), 0.0)
-    print("| prompt | tokens | copying | with the prediction | oracle |\n|---|---|---|---|---|")
+    columns = ("copying", "prediction", "told", "oracle")
+    totals = dict.fromkeys(("plain", *columns), 0.0)
+    print("| prompt | tokens | copying | with the prediction | told where it breaks | oracle |\n"
+          "|---|---|---|---|---|---|")
     for name, ids, text, prediction in texts:
         seconds = {"plain": len(text) * costs[1], "copying": replay(ids, text, costs, base.PRIOR),
                    "prediction": replay(ids, text, costs, base.PRIOR, prediction),
+                   "told": replay(ids, text, costs, base.PRIOR, prediction, told_breaks=True),
                    "oracle": costs[1] + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
         report["texts"].append({"id": name, "tokens": len(text), "seconds": seconds})
         for key, value in seconds.items():
             totals[key] += value
-        print(f"| {name} | {len(text)} | " + " | ".join(f"{seconds['plain'] / seconds[k]:.2f}x"
-                                                      for k in ("copying", "prediction", "oracle")) + " |")
+        print(f"| {name} | {len(text)} | " + " | ".join(f"{seconds['plain'] / seconds[k]:.2f}x" for k in columns)
+              + " |")
     report["speedups"] = {k: totals["plain"] / v for k, v in totals.items()}
-    print("| all | | " + " | ".join(f"{report['speedups'][k]:.2f}x" for k in ("copying", "prediction", "oracle"))
-          + " |")
+    print("| all | | " + " | ".join(f"{report['speedups'][k]:.2f}x" for k in columns) + " |")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 
