@@ -48,17 +48,26 @@ LONG_WORKLOADS = {"file-edit": 6}
 
 
 def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: tuple[float, float],
-           prediction: list[int] | None = None, told_breaks: bool = False) -> float:
+           prediction: list[int] | None = None, told_breaks: bool = False,
+           memory: dict[int, list[float]] | None = None) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
     prediction, the prediction drafter first, as the auto drafter takes them). told_breaks: each round's width
     is cut to the tokens that will be kept (no drafter can know this; it separates the cost of drafts lost at
-    the edits from that of widths chosen under uncertainty)."""
+    the edits from that of widths chosen under uncertainty).
+
+    A pass costs its width's time in `costs`, linear between the timed widths. The speed model knows every
+    timed width's cost, unless `memory` is given: then it learns them as the engine does, starting from the
+    widths remembered there (as CostMemory starts a call: each weighing one, the target alone's step timed
+    afresh), timing each round's pass, and leaves what it learned in `memory` for the next text."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
         drafters.insert(0, PredictionDrafter())
     longest = DEFAULT_DRAFTING["llama.cpp"].maximum
     speed = SpeedModel(longest)
-    speed.width = {k: [1.0, seconds] for k, seconds in costs.items()}
+    if memory is None:
+        speed.width = {k: [1.0, seconds] for k, seconds in costs.items()}
+    else:
+        speed.width = {k: [1.0, total / weight] for k, (weight, total) in memory.items() if k != 1}
     for drafter in drafters:
         if not isinstance(drafter, PredictionDrafter):
             drafter.acceptance = Acceptance(prior)
@@ -74,11 +83,25 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
             kept += 1
         width = kept if told_breaks else width
         emitted = text[i:i + kept + 1]
-        seconds += speed.verify_time(width + 1)
+        seconds += (cost := price(costs, width + 1))
+        if memory is not None:
+            speed.observe_copied(width + 1, cost)
         for drafter in drafters:
             drafter.advance([emitted])
         i += len(emitted)
+    if memory is not None:
+        memory.clear()
+        memory.update(speed.width)
     return seconds
+
+
+def price(costs: dict[int, float], width: int) -> float:
+    """A pass's seconds at `width`: its timed cost, else linear between the nearest timed widths."""
+    if width in costs:
+        return costs[width]
+    low = max(k for k in costs if k < width)
+    high = min(k for k in costs if k > width)
+    return costs[low] + (costs[high] - costs[low]) * (width - low) / (high - low)
 
 
 def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int) -> dict[str, list]:

@@ -7,7 +7,10 @@ and the speed model's width each round), without and with the file as the predic
 oracle of drafters_speed.oracle_seconds (a drafter that knows how many tokens of the best proposal will be
 kept), all with the verify passes timed at the start of the run. Between them, "told where it breaks": the
 prediction's replay with each round cut to the drafts that will be kept, the widths otherwise the speed
-model's: what is left of the gap to the oracle is the width of rounds, not the drafts lost at edits.
+model's: what is left of the gap to the oracle is the width of rounds, not the drafts lost at edits. And
+"learning the costs": the prediction's replay with a speed model that knows no width's cost until it has
+timed it, as in the engine (carried from text to text as the cost memory carries it): what the widths never
+tried cost.
 
     .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
         --out benchmarks/results/edit-replay.json
@@ -54,13 +57,15 @@ def main() -> None:
     costs = timed.flat()
     print(f"verify pass by width (ms): {timed.line()}")
     report = {"machine": describe(), "costs_ms": timed.ms(), "texts": []}
-    columns = ("copying", "prediction", "told", "oracle")
+    columns = ("copying", "prediction", "learning", "told", "oracle")
     totals = dict.fromkeys(("plain", *columns), 0.0)
-    print("| prompt | tokens | copying | with the prediction | told where it breaks | oracle |\n"
-          "|---|---|---|---|---|---|")
+    print("| prompt | tokens | copying | with the prediction | learning the costs | told where it breaks | oracle |"
+          "\n|---|---|---|---|---|---|---|")
+    memory: dict[int, list[float]] = {}
     for name, ids, text, prediction in texts:
         seconds = {"plain": len(text) * costs[1], "copying": replay(ids, text, costs, base.PRIOR),
                    "prediction": replay(ids, text, costs, base.PRIOR, prediction),
+                   "learning": replay(ids, text, costs, base.PRIOR, prediction, memory=memory),
                    "told": replay(ids, text, costs, base.PRIOR, prediction, told_breaks=True),
                    "oracle": costs[1] + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
         report["texts"].append({"id": name, "tokens": len(text), "seconds": seconds})

@@ -6,10 +6,10 @@ cd "$(dirname "$0")/../../.."
 here=benchmarks/results/gsm8k-t0.7
 common=(--task gsm8k --temperature 0.7 --batch-size 4 --draft-length 3)
 .venv/bin/diversed eval "${common[@]}" --split train --limit 12 --resume --out $here/calibration \
-    --methods exact,lossy:0.5,lossy:0.8,lossy:0.95,lossy:0.99,cactus:0.1,cactus:0.3,cactus:1,lossy-entropy:0.99
+    --verifications exact,lossy:0.5,lossy:0.8,lossy:0.95,lossy:0.99,cactus:0.1,cactus:0.3,cactus:1,lossy-entropy:0.99
 lossy=$(.venv/bin/python benchmarks/pick_points.py $here/calibration --family lossy --count 3)
 top=${lossy%%,*}
 cactus=$(.venv/bin/python benchmarks/pick_points.py $here/calibration --family cactus --near "$top")
-methods="plain,exact,$lossy,$cactus,lossy-entropy:${top#lossy:}"
-echo "test methods: $methods"
-.venv/bin/diversed eval "${common[@]}" --limit 150 --resume --out $here --methods "$methods"
+verifications="plain,exact,$lossy,$cactus,lossy-entropy:${top#lossy:}"
+echo "test verifications: $verifications"
+.venv/bin/diversed eval "${common[@]}" --limit 150 --resume --out $here --verifications "$verifications"
