@@ -36,6 +36,19 @@ def test_a_width_that_costs_more_than_the_line_says_is_avoided():
     assert model.best_length() not in (0, 7)
 
 
+def test_wide_passes_are_priced_by_one_line_so_that_one_slow_timing_bars_no_width():
+    """A pass over 32 tokens timed once on a busy moment: the weighted line through every pass of WIDE tokens
+    or more prices it, as it prices the wide widths never timed; narrower ones keep their own means."""
+    model = SpeedModel(maximum=64, decay=1.0, prior_drafts=0.0)
+    for k, seconds in ((1, 0.07), (4, 0.13), (16, 0.30), (32, 0.62), (48, 0.70), (48, 0.70)):
+        model.observe_copied(k, seconds)
+    # weights 1, 1, 2 at 16, 32, 48: mean width 36, mean time 0.58, slope 8.32 / 704 per token
+    slope = 8.32 / 704
+    assert model.verify_time(32) == pytest.approx(0.58 - 4 * slope) and model.verify_time(32) < 0.62
+    assert model.verify_time(64) == pytest.approx(0.58 + 28 * slope)
+    assert model.verify_time(4) == pytest.approx(0.13) and model.verify_time(1) == pytest.approx(0.07)
+
+
 def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_the_target_alone():
     cheap = observed([5] * 19 + [4], step=0.01, verify={6: 0.3, 3: 0.27}, plain=0.25)
     costly = observed([0, 1, 0, 0], step=0.2, verify={6: 0.3, 3: 0.27}, plain=0.25)

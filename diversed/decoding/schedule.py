@@ -18,6 +18,10 @@ COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per mach
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
+# From this many tokens a pass is compute-bound, its cost a line in its width: one line through every timed wide
+# pass prices them all, so that one slow timing neither bars a width nor makes another look cheap by contrast.
+# Chosen by replay on file-edit train answers (benchmarks/edit_replay.py, "learning the costs").
+WIDE = 8
 
 
 def stopwatch(device: torch.device, synchronize: bool = True) -> Callable[[], float]:
@@ -55,19 +59,23 @@ class SpeedModel:
 
     Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (expected_tokens_per_round
     for tau), and of a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
-    step time, v(k) the target's forward time over k tokens per row. v is measured per width, since on a CPU
-    it is far from flat and not even a line (llama.cpp's 2-core pass over 8 tokens costs 2.5 passes over 4).
+    step time, v(k) the target's forward time over k tokens per row. v is measured, since on a CPU it is far
+    from flat, and per width where it is not even a line (narrow passes: llama.cpp's 2-core pass over 8 tokens
+    has cost 2.5 passes over 4).
     All are estimated from this call's rounds, older rounds weighing less (`decay` per round), since
     acceptance drifts within a text (code, then prose). The acceptance is the maximum-likelihood estimate for
     geometric runs: kept drafts / (kept drafts + rejections), starting from `prior_drafts` pseudo-drafts at
     `prior_acceptance`.
 
-    A width never timed is read off the least-squares line through the timed ones (below the shortest timed
-    width too: a step of the target alone is often never timed before it is chosen), or, with one width
-    timed, taken as that width's time: optimistic for long rounds, so the next round is long, which times a
-    second width. When the target alone is predicted fastest, a round after `probe_every` of them drafts
-    anyway (the best N >= 1), so that acceptance keeps being measured and speculation resumes when it pays
-    again; each probe that changes nothing doubles the wait for the next.
+    A pass over WIDE tokens or more is read off the least-squares line through the timed passes that wide
+    (weighed by how often and how lately each was timed), once two such widths are timed: there a pass is
+    compute-bound, and a width's own few timings are noisier than the line. A narrower width (or any, before
+    that) is its own measured mean, or, never timed, read off the least-squares line through the timed ones
+    (below the shortest timed width too: a step of the target alone is often never timed before it is
+    chosen), or, with one width timed, taken as that width's time: optimistic for long rounds, so the next
+    round is long, which times a second width. When the target alone is predicted fastest, a round after
+    `probe_every` of them drafts anyway (the best N >= 1), so that acceptance keeps being measured and
+    speculation resumes when it pays again; each probe that changes nothing doubles the wait for the next.
     """
 
     def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0,
@@ -158,18 +166,16 @@ class SpeedModel:
         return self._verify_times[k]
 
     def _verify_time(self, k: int) -> float:
+        wide = {w: stats for w, stats in self.width.items() if w >= WIDE}
+        if k >= WIDE and len(wide) >= 2:
+            return _line(wide, k)
         if k in self.width:
             weight, total = self.width[k]
             return total / weight
-        points = [(w, t / n) for w, (n, t) in self.width.items()]
-        if len(points) == 1:
-            return points[0][1]
-        mean_k = sum(w for w, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        slope = (sum((w - mean_k) * (t - mean_t) for w, t in points) / sum((w - mean_k) ** 2 for w, _ in points))
-        # Below the shortest timed width the line may reach 0 (a compute-bound pass): the floor only keeps the
-        # prediction positive; a width so predicted cheap gets chosen, and timed, at once.
-        return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-3 * min(t for _, t in points))
+        if len(self.width) == 1:
+            weight, total = next(iter(self.width.values()))
+            return total / weight
+        return _line({w: [1.0, t / n] for w, (n, t) in self.width.items()}, k)
 
     def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
@@ -205,6 +211,20 @@ class SpeedModel:
             self.probe_interval = min(2 * self.probe_interval, 1024)
             return drafted
         return 0
+
+
+def _line(width: dict[int, list[float]], k: int) -> float:
+    """The time of a pass over k tokens on the least-squares line through the timed widths ({width: [weight,
+    total seconds]}, each mean weighed by its weight), never falling with the width."""
+    points = [(w, t / n, n) for w, (n, t) in width.items()]
+    weight = sum(n for _, _, n in points)
+    mean_k = sum(w * n for w, _, n in points) / weight
+    mean_t = sum(t * n for _, t, n in points) / weight
+    slope = (sum(n * (w - mean_k) * (t - mean_t) for w, t, n in points)
+             / sum(n * (w - mean_k) ** 2 for w, _, n in points))
+    # Below the shortest timed width the line may reach 0 (a compute-bound pass): the floor only keeps the
+    # prediction positive; a width so predicted cheap gets chosen, and timed, at once.
+    return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-3 * min(t for _, t, _ in points))
 
 
 Costs = tuple[dict[int, list[float]], float, float, float | None]  # widths, draft time and steps, catch-up
