@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drafters_speed import token_ids, verify_costs
+from drafters_speed import VerifyCosts, token_ids, verify_costs
 
 from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter, base
 from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
@@ -47,7 +47,7 @@ WORKLOADS = {"mbpp-edit": 6, "mbpp-edit-2turn": 4, "gsm8k": 4, "mbpp": 4}
 LONG_WORKLOADS = {"file-edit": 6}
 
 
-def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: tuple[float, float],
+def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[float, float],
            prediction: list[int] | None = None, told_breaks: bool = False,
            memory: dict[int, list[float]] | None = None) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
@@ -55,18 +55,17 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
     is cut to the tokens that will be kept (no drafter can know this; it separates the cost of drafts lost at
     the edits from that of widths chosen under uncertainty).
 
-    A pass costs its width's time in `costs`, linear between the timed widths. The speed model knows every
-    timed width's cost, unless `memory` is given: then it learns them as the engine does, starting from the
-    widths remembered there (as CostMemory starts a call: each weighing one, the target alone's step timed
-    afresh), timing each round's pass, and leaves what it learned in `memory` for the next text."""
+    A pass costs `costs.seconds` at its width and at the context it runs at (the prompt and what is written
+    so far). The speed model knows every timed width's cost at that context, unless `memory` is given: then it
+    learns them as the engine does, starting from the widths remembered there (as CostMemory starts a call:
+    each weighing one, the target alone's step timed afresh), timing each round's pass, and leaves what it
+    learned in `memory` for the next text."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
         drafters.insert(0, PredictionDrafter())
     longest = DEFAULT_DRAFTING["llama.cpp"].maximum
     speed = SpeedModel(longest)
-    if memory is None:
-        speed.width = {k: [1.0, seconds] for k, seconds in costs.items()}
-    else:
+    if memory is not None:
         speed.width = {k: [1.0, total / weight] for k, (weight, total) in memory.items() if k != 1}
     for drafter in drafters:
         if not isinstance(drafter, PredictionDrafter):
@@ -74,6 +73,10 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
         drafter.add(prompt, prediction)
     seconds, i = 0.0, 0
     while i < len(text):
+        context = len(prompt) + i
+        if memory is None:  # told this context's costs: a fresh model each round (copying reads no other state)
+            speed = SpeedModel(longest)
+            speed.width = {k: [1.0, costs.at(k, context)] for k in costs.widths}
         caps = [min(longest, len(text) - i - 1)]
         options = [drafter.candidates(caps)[0] for drafter in drafters]
         best = options[best_candidate(options, caps[0])]
@@ -83,7 +86,7 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
             kept += 1
         width = kept if told_breaks else width
         emitted = text[i:i + kept + 1]
-        seconds += (cost := price(costs, width + 1))
+        seconds += (cost := costs.seconds(width + 1, context))
         if memory is not None:
             speed.observe_copied(width + 1, cost)
         for drafter in drafters:
@@ -95,13 +98,9 @@ def replay(prompt: list[int], text: list[int], costs: dict[int, float], prior: t
     return seconds
 
 
-def price(costs: dict[int, float], width: int) -> float:
-    """A pass's seconds at `width`: its timed cost, else linear between the nearest timed widths."""
-    if width in costs:
-        return costs[width]
-    low = max(k for k in costs if k < width)
-    high = min(k for k in costs if k > width)
-    return costs[low] + (costs[high] - costs[low]) * (width - low) / (high - low)
+def plain_seconds(prompt: list[int], text: list[int], costs: VerifyCosts) -> float:
+    """Seconds of the target alone writing `text` after `prompt`, a pass of one token at each context."""
+    return sum(costs.at(1, len(prompt) + i) for i in range(len(text)))
 
 
 def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int) -> dict[str, list]:
@@ -135,7 +134,6 @@ def main() -> None:
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
     timed = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
-    costs = timed.flat()
     print(f"verify pass by width (ms): {timed.line()}")
     report = {"costs_ms": timed.ms(), "speedups": {}}
     runs = {name: [(ids, text, None) for ids, text, _ in items] for name, items in texts.items()}
@@ -149,8 +147,8 @@ def main() -> None:
             base.RUN_PRIOR = prior
         speedups = {}
         for name, items in runs.items():
-            plain = sum(len(text) * costs[1] for _, text, _ in items)
-            speedups[name] = plain / sum(replay(ids, text, costs, base.PRIOR if args.long else prior, prediction)
+            plain = sum(plain_seconds(ids, text, timed) for ids, text, _ in items)
+            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if args.long else prior, prediction)
                                          for ids, text, prediction in items)
         report["speedups"][str(prior)] = speedups
         print(f"| {prior} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())

@@ -157,6 +157,17 @@ class VerifyCosts:
         a, b = self.by_context[low][width], self.by_context[high][width]
         return a + (b - a) * (context - low) / (high - low)
 
+    def seconds(self, width: int, context: int) -> float:
+        """A pass at any width up to the widest timed, after `context` tokens: linear between the nearest timed
+        widths, each as `at` prices it."""
+        widths = self.widths
+        if width in widths:
+            return self.at(width, context)
+        low = max(k for k in widths if k < width)
+        high = min(k for k in widths if k > width)
+        a, b = self.at(low, context), self.at(high, context)
+        return a + (b - a) * (width - low) / (high - low)
+
     def flat(self) -> dict[int, float]:
         """Seconds by width, where the passes were timed at one context only."""
         (row,) = self.by_context.values()

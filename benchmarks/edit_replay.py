@@ -1,16 +1,24 @@
 """How close the copying drafters come to the copying oracle on whole-file edits, by replay: decode time only,
-no timing noise, every verify width's cost known (the speed model in the engine learns them as it goes).
+no timing noise, every verify width's cost known (the speed model in the engine learns them as it goes), each
+pass priced at the context it runs at (a wide pass costs about half as much again after 2,000 tokens as after
+250).
 
 The texts are the target's greedy answers to `file-edit` train prompts on llama.cpp (made once and written to
 `--texts`, or read from it). Each is replayed as copy_replay.replay does (the auto drafter's copying members
 and the speed model's width each round), without and with the file as the prediction, and priced as the
 oracle of drafters_speed.oracle_seconds (a drafter that knows how many tokens of the best proposal will be
-kept), all with the verify passes timed at the start of the run. Between them, "told where it breaks": the
-prediction's replay with each round cut to the drafts that will be kept, the widths otherwise the speed
-model's: what is left of the gap to the oracle is the width of rounds, not the drafts lost at edits. And
+kept), all with the verify passes timed at the start of the run at a few contexts (`--contexts`, linear
+between them). Between them, "told where it breaks": the prediction's replay with each round cut to the
+drafts that will be kept, the widths otherwise the speed model's: what is left of the gap to the oracle is the
+width of rounds, not the drafts lost at edits. And
 "learning the costs": the prediction's replay with a speed model that knows no width's cost until it has
 timed it, as in the engine (carried from text to text as the cost memory carries it): what the widths never
 tried cost.
+
+`--real`: each text is also written by the engine itself (`decode`, the file as prediction, the cost memory of
+this machine as a user has it), timing every pass of the target: its decode time (after the prompt pass,
+loop included) as a speedup over the replayed plain time, and its passes' seconds against what the timed
+costs price them at (the same widths at the same contexts): what the replay leaves out.
 
     .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
         --out benchmarks/results/edit-replay.json
@@ -20,9 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
-from copy_replay import replay
+from copy_replay import plain_seconds, replay
 from drafters_speed import oracle_seconds, token_ids, verify_costs
 from machine import describe
 
@@ -33,10 +42,53 @@ from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task
 
 
+class TimedModel:
+    """A backend model whose rows log each feed: (context held, tokens fed per row, seconds)."""
+
+    def __init__(self, model, log: list[tuple[int, int, float]]) -> None:
+        self.model, self.log = model, log
+
+    def rows(self, *args, **kwargs):
+        return TimedRows(self.model.rows(*args, **kwargs), self.log)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
+class TimedRows:
+    def __init__(self, rows, log: list[tuple[int, int, float]]) -> None:
+        self.inner, self.log = rows, log
+
+    def feed(self, tokens, outputs, hidden=False):
+        context, start = self.inner.lengths[0], time.perf_counter()
+        out = self.inner.feed(tokens, outputs, hidden)
+        self.log.append((context, len(tokens[0]), time.perf_counter() - start))
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def real_decode(pair, ids: list[int], prediction: list[int], timed) -> dict:
+    """The engine writing one answer with the prediction: its tokens, decode seconds after the prompt pass, and
+    its passes' seconds and the timed costs' price for them."""
+    log: list[tuple[int, int, float]] = []
+    start = time.perf_counter()
+    out = decode(TimedModel(pair.target, log), [ids], drafter="auto", verification=Verification("exact"),
+                 sampling=Sampling(0.0), draft_length=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024,
+                 eos_token_ids=pair.eos_token_ids, predictions=[prediction])
+    passes = log[1:]  # the first feed is the prompt pass
+    return {"tokens": out.tokens[0], "decode": time.perf_counter() - start - log[0][2],
+            "passes": sum(s for _, _, s in passes), "priced": sum(timed.seconds(k, c) for c, k, _ in passes)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="file-edit train prompts")
     parser.add_argument("--texts", type=Path, help="the greedy texts: read if the file exists, else made and written")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048],
+                        help="contexts (tokens held) at which the verify passes are timed")
+    parser.add_argument("--real", action="store_true", help="also time the engine writing each text")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     pair = load_pair(backend="llama.cpp")
@@ -53,28 +105,36 @@ def main() -> None:
             texts.append((example.id, ids, out.tokens[0], prediction))
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
-    timed = verify_costs(pair, texts[0][1])  # at the first prompt's context, for every replay alike
-    costs = timed.flat()
-    print(f"verify pass by width (ms): {timed.line()}")
+    timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts))  # for every replay alike
+    print(f"verify pass by context and width (ms): {timed.line()}")
     report = {"machine": describe(), "costs_ms": timed.ms(), "texts": []}
-    columns = ("copying", "prediction", "learning", "told", "oracle")
-    totals = dict.fromkeys(("plain", *columns), 0.0)
+    columns = ("copying", "prediction", "learning", "told", "oracle", *(("real",) if args.real else ()))
+    totals = dict.fromkeys(("plain", *columns, "passes", "priced"), 0.0)
     print("| prompt | tokens | copying | with the prediction | learning the costs | told where it breaks | oracle |"
-          "\n|---|---|---|---|---|---|---|")
+          + (" the engine | its passes vs their price |" if args.real else "")
+          + "\n|---|---|---|---|---|---|---|" + ("---|---|" if args.real else ""))
     memory: dict[int, list[float]] = {}
     for name, ids, text, prediction in texts:
-        seconds = {"plain": len(text) * costs[1], "copying": replay(ids, text, costs, base.PRIOR),
-                   "prediction": replay(ids, text, costs, base.PRIOR, prediction),
-                   "learning": replay(ids, text, costs, base.PRIOR, prediction, memory=memory),
-                   "told": replay(ids, text, costs, base.PRIOR, prediction, told_breaks=True),
-                   "oracle": costs[1] + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
+        if args.real:
+            real = real_decode(pair, ids, prediction, timed)
+            if real["tokens"] != text:  # a near-tie turned by a pass's width: replay what the engine wrote
+                print(f"{name}: the engine wrote {len(real['tokens'])} tokens, not the {len(text)} of --texts")
+                text = real["tokens"]
+        seconds = {"plain": plain_seconds(ids, text, timed), "copying": replay(ids, text, timed, base.PRIOR),
+                   "prediction": replay(ids, text, timed, base.PRIOR, prediction),
+                   "learning": replay(ids, text, timed, base.PRIOR, prediction, memory=memory),
+                   "told": replay(ids, text, timed, base.PRIOR, prediction, told_breaks=True),
+                   "oracle": timed.at(1, len(ids)) + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
+        if args.real:
+            seconds |= {"real": real["decode"], "passes": real["passes"], "priced": real["priced"]}
         report["texts"].append({"id": name, "tokens": len(text), "seconds": seconds})
         for key, value in seconds.items():
             totals[key] += value
         print(f"| {name} | {len(text)} | " + " | ".join(f"{seconds['plain'] / seconds[k]:.2f}x" for k in columns)
-              + " |")
-    report["speedups"] = {k: totals["plain"] / v for k, v in totals.items()}
-    print("| all | | " + " | ".join(f"{report['speedups'][k]:.2f}x" for k in columns) + " |")
+              + (f" | {seconds['passes'] / seconds['priced']:.2f} |" if args.real else " |"))
+    report["speedups"] = {k: totals["plain"] / totals[k] for k in columns}
+    print("| all | | " + " | ".join(f"{report['speedups'][k]:.2f}x" for k in columns)
+          + (f" | {totals['passes'] / totals['priced']:.2f} |" if args.real else " |"))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -1,5 +1,6 @@
 """The machine a benchmark ran on, in one line for its tables and results: the CPU's model, its cores, its
-widest vector instructions, whether it is virtualized, and whether the llama.cpp in use has AMX kernels."""
+widest vector instructions, whether it is virtualized, and, on a CPU with AMX, whether the llama.cpp in use has
+AMX kernels."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def describe(cpuinfo: str | None = None) -> str:
     if "hypervisor" in flags:
         parts.append("virtualized")
     line = ", ".join(parts)
+    if "amx_int8" not in flags:  # the llama.cpp build can only matter where the CPU has AMX
+        return line
     try:
         from diversed.backends.llama_cpp import amx_build
     except ImportError:  # no llama-cpp-python here
