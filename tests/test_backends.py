@@ -270,15 +270,13 @@ def test_the_draft_quantizations_checked_before_loading_are_those_llama_cpp_make
     assert QUANTIZATIONS == tuple(LLAMA_FTYPES)
 
 
-@pytest.mark.parametrize("attention", ["rows", "batched"])
-def test_on_a_cpu_a_row_computes_the_same_bits_alone_and_beside_holes(attention):
+def test_on_a_cpu_a_row_computes_the_same_bits_alone_and_beside_holes():
     """With float16-weight linear layers (whose CPU kernel gives each row of a call what it gets alone), a
     row fed the same chunks gets bitwise the logits it gets alone, holes and all, because attention runs row
-    by row; batched SDPA over the holes (the control) sums in another order."""
+    by row. (Batched SDPA over the holes summed in another order on one of the project's CPUs and not on
+    another: a control that depends on the CPU, so not asserted here.)"""
     model = quantize_linears(tiny_model(0, layers=2, hidden=64), "float16")
     target = TransformersModel(model)
-    if attention == "batched":
-        model.set_attn_implementation("sdpa")
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 90, (n,), generator=generator).tolist() for n in (37, 11)]
     chunks = [[prompts[0], [5, 6, 7], [9, 10]], [prompts[1], [8], [11, 12]]]
@@ -294,4 +292,4 @@ def test_on_a_cpu_a_row_computes_the_same_bits_alone_and_beside_holes(attention)
         alone.feed([drafts], 1)
         alone.truncate([len(prompt) + 1])
         same.append(torch.equal(logits[row], alone.feed([last], 2)[1][0]))
-    assert same == [True, True] if attention == "rows" else same == [True, False]
+    assert same == [True, True]

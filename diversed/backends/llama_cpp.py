@@ -127,16 +127,14 @@ class LlamaCppModel:
         self.eos_token_ids = tuple(sorted({t for t in special if t >= 0}))
         self.device = torch.device("cpu")
         self.threads = threads or default_threads()
+        # What this model's measured speed depends on (diversed.decoding.schedule keeps costs by it): the file as
+        # loaded, and the threads.
+        stat = path.stat()
+        self.cost_identity = f"llama.cpp:{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}:threads={self.threads}"
         self._context, self._capacity, self._free_seqs = None, 0, []
         self._live: weakref.WeakSet[LlamaCppRows] = weakref.WeakSet()
         self._held = [None]  # the context the finalizer frees with the model: never one already freed
         weakref.finalize(self, _free, self._model, self._held)
-
-    @property
-    def cost_identity(self) -> str:
-        """What this model's measured speed depends on (diversed.decoding.schedule keeps costs by it)."""
-        stat = self.path.stat()
-        return f"llama.cpp:{self.path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}:threads={self.threads}"
 
     def rows(self, count: int, capacity: int | None = None) -> LlamaCppRows:
         """An empty batch of `count` rows, on free sequence ids of the model's context; a context with room

@@ -87,9 +87,11 @@ class SpeedModel:
         # (written while it did not draft), and their seconds, decayed; a choice between drafters pays for it.
         self.catch_up_tokens = self.catch_up_seconds = 0.0
         self.width: dict[int, list[float]] = {}  # k -> [decayed weight, decayed seconds] of passes over k
-        # v(k) of the widths weighed since a pass was last timed (_time clears it; whoever fills `width` from
-        # elsewhere, CostMemory, does so before anything is weighed)
+        # v(k) of the widths weighed, and the lines fitted, since a pass was last timed (_time clears them;
+        # whoever fills `width` from elsewhere, CostMemory, does so before anything is weighed): every N is
+        # weighed each round, by each drafter
         self._verify_times: dict[int, float] = {}
+        self._lines: dict[bool, Callable[[int], float] | None] = {}
         self.plain_rounds = 0  # rounds without the draft model since it last drafted
         self.draft_length = 0  # the draft model's next round (best_length after each round)
         self.probe_interval = probe_every  # plain rounds before the next probe
@@ -149,6 +151,7 @@ class SpeedModel:
         weight, total = self.width.get(k, (0.0, 0.0))
         self.width[k] = [weight + 1.0, total + seconds]
         self._verify_times.clear()
+        self._lines.clear()
 
     @property
     def acceptance(self) -> float:
@@ -166,16 +169,26 @@ class SpeedModel:
         return self._verify_times[k]
 
     def _verify_time(self, k: int) -> float:
-        wide = {w: stats for w, stats in self.width.items() if w >= WIDE}
-        if k >= WIDE and len(wide) >= 2:
-            return _line(wide, k)
+        if k >= WIDE and (wide := self._line(wide=True)) is not None:
+            return wide(k)
         if k in self.width:
             weight, total = self.width[k]
             return total / weight
         if len(self.width) == 1:
             weight, total = next(iter(self.width.values()))
             return total / weight
-        return _line({w: [1.0, t / n] for w, (n, t) in self.width.items()}, k)
+        return self._line(wide=False)(k)
+
+    def _line(self, wide: bool) -> Callable[[int], float] | None:
+        """The line through the passes of WIDE tokens or more, each weighing by its weight (None: fewer than
+        two such widths timed); not wide, through every timed width's mean, each weighing one."""
+        if wide not in self._lines:
+            if wide:
+                timed = {w: stats for w, stats in self.width.items() if w >= WIDE}
+                self._lines[wide] = _fit(timed) if len(timed) >= 2 else None
+            else:
+                self._lines[wide] = _fit({w: [1.0, t / n] for w, (n, t) in self.width.items()})
+        return self._lines[wide]
 
     def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
@@ -213,7 +226,7 @@ class SpeedModel:
         return 0
 
 
-def _line(width: dict[int, list[float]], k: int) -> float:
+def _fit(width: dict[int, list[float]]) -> Callable[[int], float]:
     """The time of a pass over k tokens on the least-squares line through the timed widths ({width: [weight,
     total seconds]}, each mean weighed by its weight), never falling with the width."""
     points = [(w, t / n, n) for w, (n, t) in width.items()]
@@ -222,9 +235,11 @@ def _line(width: dict[int, list[float]], k: int) -> float:
     mean_t = sum(t * n for _, t, n in points) / weight
     slope = (sum(n * (w - mean_k) * (t - mean_t) for w, t, n in points)
              / sum(n * (w - mean_k) ** 2 for w, _, n in points))
+    slope = max(slope, 0.0)
     # Below the shortest timed width the line may reach 0 (a compute-bound pass): the floor only keeps the
     # prediction positive; a width so predicted cheap gets chosen, and timed, at once.
-    return max(mean_t + max(slope, 0.0) * (k - mean_k), 1e-3 * min(t for _, t, _ in points))
+    floor = 1e-3 * min(t for _, t, _ in points)
+    return lambda k: max(mean_t + slope * (k - mean_k), floor)
 
 
 Costs = tuple[dict[int, list[float]], float, float, float | None]  # widths, draft time and steps, catch-up
