@@ -69,16 +69,23 @@ class TimedRows:
         return getattr(self.inner, name)
 
 
+def greedy_answer(target, pair, ids: list[int], prediction: list[int]) -> list[int]:
+    """The engine's greedy answer with the file as prediction and the default drafting (`target`: the pair's,
+    or a TimedModel of it)."""
+    out = decode(target, [ids], drafter="auto", verification=Verification("exact"), sampling=Sampling(0.0),
+                 draft_length=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024, eos_token_ids=pair.eos_token_ids,
+                 predictions=[prediction])
+    return out.tokens[0]
+
+
 def real_decode(pair, ids: list[int], prediction: list[int], timed) -> dict:
     """The engine writing one answer with the prediction: its tokens, decode seconds after the prompt pass, and
     its passes' seconds and the timed costs' price for them."""
     log: list[tuple[int, int, float]] = []
     start = time.perf_counter()
-    out = decode(TimedModel(pair.target, log), [ids], drafter="auto", verification=Verification("exact"),
-                 sampling=Sampling(0.0), draft_length=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024,
-                 eos_token_ids=pair.eos_token_ids, predictions=[prediction])
+    tokens = greedy_answer(TimedModel(pair.target, log), pair, ids, prediction)
     passes = log[1:]  # the first feed is the prompt pass
-    return {"tokens": out.tokens[0], "decode": time.perf_counter() - start - log[0][2],
+    return {"tokens": tokens, "decode": time.perf_counter() - start - log[0][2],
             "passes": sum(s for _, _, s in passes), "priced": sum(timed.seconds(k, c) for c, k, _ in passes)}
 
 
@@ -99,10 +106,7 @@ def main() -> None:
         for example in get_task("file-edit").examples("train", limit=args.prompts):
             ids = token_ids(pair, example.prompt_for(chat=True))
             prediction = pair.tokenizer(example.metadata["original"], add_special_tokens=False)["input_ids"]
-            out = decode(pair.target, [ids], drafter="auto", verification=Verification("exact"),
-                         sampling=Sampling(0.0), draft_length=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024,
-                         eos_token_ids=pair.eos_token_ids, predictions=[prediction])
-            texts.append((example.id, ids, out.tokens[0], prediction))
+            texts.append((example.id, ids, greedy_answer(pair.target, pair, ids, prediction), prediction))
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
     timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts))  # for every replay alike

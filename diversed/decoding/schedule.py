@@ -227,8 +227,8 @@ class SpeedModel:
 
 
 def _fit(width: dict[int, list[float]]) -> Callable[[int], float]:
-    """The time of a pass over k tokens on the least-squares line through the timed widths ({width: [weight,
-    total seconds]}, each mean weighed by its weight), never falling with the width."""
+    """The least-squares line through the timed widths ({width: [weight, total seconds]}, each mean weighed by
+    its weight), as the time of a pass over k tokens: never falling with the width."""
     points = [(w, t / n, n) for w, (n, t) in width.items()]
     weight = sum(n for _, _, n in points)
     mean_k = sum(w * n for w, _, n in points) / weight
