@@ -77,16 +77,18 @@ def one_request(api: openai.OpenAI, model: str, prompt: str, extra: dict, tokens
 
 def long_answer(port: int, extra: dict, tokens: int, tokenizer) -> dict:
     """One streamed completion of `tokens` tokens (a count that goes on at T = 0): seconds for its first and
-    its last 100 tokens, counted by tokenizing the text received so far at each chunk."""
+    its last 100 tokens, counted by tokenizing the text received by each chunk once the stream has ended (the
+    client tokenizing as it reads would take the servers' cores, more the longer the text)."""
     api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
     model = api.models.list().data[0].id
-    text, marks = "", []
+    pieces, times = [], []
     stream = api.completions.create(model=model, prompt=COUNTING, max_tokens=tokens, temperature=0, stream=True,
                                     extra_body=extra)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].text:
-            text += chunk.choices[0].text
-            marks.append((time.perf_counter(), len(tokenizer(text)["input_ids"])))
+            pieces.append(chunk.choices[0].text)
+            times.append(time.perf_counter())
+    marks = [(t, len(tokenizer("".join(pieces[:i + 1]))["input_ids"])) for i, t in enumerate(times)]
 
     def at(count: int) -> float:  # when the answer first held `count` tokens
         return next(t for t, n in marks if n >= count)
@@ -168,6 +170,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(prepare_default_pair(progress=False)[1]) if args.long else None
     report = {"machine": f"{describe()}, {threads} threads",
               "tokens": args.tokens, "prompts": len(prompts), "results": []}
+
+    def save(report: dict) -> None:  # after every result: a run cut short keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+
     for round_ in range(args.rounds):
         names = list(servers) if round_ % 2 == 0 else list(reversed(servers))
         for name in names:
@@ -184,12 +191,12 @@ def main() -> None:
                                                                              args.tokens)}
                         report["results"].append(result)
                         print(json.dumps(result), flush=True)
-                        if args.out:
-                            args.out.write_text(json.dumps(report, indent=1) + "\n")
+                        save(report)
                     if args.long:
                         result = {"server": label, "round": round_, **long_answer(port, extra, args.long, tokenizer)}
                         report.setdefault("long", []).append(result)
                         print(json.dumps(result), flush=True)
+                        save(report)
             finally:
                 process.terminate()
                 process.wait(60)
