@@ -49,7 +49,8 @@ LONG_WORKLOADS = {"file-edit": 6}
 
 def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[float, float],
            prediction: list[int] | None = None, told_breaks: bool = False,
-           memory: dict[int, list[float]] | None = None) -> float:
+           memory: dict[int, list[float]] | None = None, rounds: list[tuple[int, int, int, str]] | None = None
+           ) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
     prediction, the prediction drafter first, as the auto drafter takes them). told_breaks: each round's width
     is cut to the tokens that will be kept (no drafter can know this; it separates the cost of drafts lost at
@@ -59,7 +60,8 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
     so far). The speed model knows every timed width's cost at that context, unless `memory` is given: then it
     learns them as the engine does, starting from the widths remembered there (as CostMemory starts a call:
     each weighing one, the target alone's step timed afresh), timing each round's pass, and leaves what it
-    learned in `memory` for the next text."""
+    learned in `memory` for the next text. `rounds`, if given, gets each round's (context, drafts, kept,
+    drafter) appended, the drafter's name "" where nothing was proposed."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
         drafters.insert(0, PredictionDrafter())
@@ -79,12 +81,15 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
             speed.width = {k: [1.0, costs.at(k, context)] for k in costs.widths}
         caps = [min(longest, len(text) - i - 1)]
         options = [drafter.candidates(caps)[0] for drafter in drafters]
-        best = options[best_candidate(options, caps[0])]
+        chosen = best_candidate(options, caps[0])
+        best = options[chosen]
         width = copy_width([best], speed)[0] if caps[0] else 0
         kept = 0
         while kept < width and best.tokens[kept] == text[i + kept]:
             kept += 1
         width = kept if told_breaks else width
+        if rounds is not None:
+            rounds.append((context, width, kept, drafters[chosen].name if best is not None else ""))
         emitted = text[i:i + kept + 1]
         seconds += (cost := costs.seconds(width + 1, context))
         if memory is not None:

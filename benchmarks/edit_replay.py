@@ -20,8 +20,15 @@ this machine as a user has it), timing every pass of the target: its decode time
 loop included) as a speedup over the replayed plain time, and its passes' seconds against what the timed
 costs price them at (the same widths at the same contexts): what the replay leaves out.
 
+`--costs REPORT` prices the replays with the verify costs an earlier run timed (its `--out`), so that a
+replay repeats exactly, with no model timed; `--rounds` then breaks the prediction's replay down by round: the
+rounds that kept every draft, those that broke (a draft rejected) and those that drafted nothing, by drafter,
+with their seconds and, for the broken ones, what they would have cost cut at the break.
+
     .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
         --out benchmarks/results/edit-replay.json
+    .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
+        --costs benchmarks/results/edit-replay-epyc.json --rounds
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import time
 from pathlib import Path
 
 from copy_replay import plain_seconds, replay
-from drafters_speed import oracle_seconds, token_ids, verify_costs
+from drafters_speed import VerifyCosts, oracle_seconds, token_ids, verify_costs
 from machine import describe
 
 from diversed.decoding.drafters import SuffixCache, base
@@ -89,6 +96,24 @@ def real_decode(pair, ids: list[int], prediction: list[int], timed) -> dict:
             "passes": sum(s for _, _, s in passes), "priced": sum(timed.seconds(k, c) for c, k, _ in passes)}
 
 
+def round_breakdown(rounds: list[tuple[int, int, int, str]], costs: VerifyCosts) -> str:
+    """A table of replayed rounds ((context, drafts, kept, drafter) each) by outcome and drafter: rounds,
+    tokens written, seconds, and seconds had each round been cut at its break (what a drafter that knew
+    where the copy breaks would pay)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for context, drafts, kept, drafter in rounds:
+        outcome = "none drafted" if drafts == 0 else "all kept" if kept == drafts else "broke"
+        group = groups.setdefault((outcome, drafter or "-"), [0, 0, 0.0, 0.0])
+        group[0] += 1
+        group[1] += kept + 1
+        group[2] += costs.seconds(drafts + 1, context)
+        group[3] += costs.seconds(kept + 1, context)
+    lines = ["| rounds | drafter | count | tokens written | seconds | cut at the break |", "|---|---|---|---|---|---|"]
+    lines += [f"| {outcome} | {drafter} | {n} | {tokens} | {seconds:.2f} | {cut:.2f} |"
+              for (outcome, drafter), (n, tokens, seconds, cut) in sorted(groups.items())]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="file-edit train prompts")
@@ -96,10 +121,14 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048],
                         help="contexts (tokens held) at which the verify passes are timed")
     parser.add_argument("--real", action="store_true", help="also time the engine writing each text")
+    parser.add_argument("--costs", type=Path, help="an earlier run's report: price with its timed costs")
+    parser.add_argument("--rounds", action="store_true", help="break the prediction's replay down by round")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    pair = load_pair(backend="llama.cpp")
-    if args.texts and args.texts.exists():
+    # The pair is loaded only to write texts, time costs or run the engine.
+    made = args.texts and args.texts.exists()
+    pair = None if made and args.costs and not args.real else load_pair(backend="llama.cpp")
+    if made:
         texts = json.loads(args.texts.read_text())
     else:
         texts = []
@@ -109,15 +138,23 @@ def main() -> None:
             texts.append((example.id, ids, greedy_answer(pair.target, pair, ids, prediction), prediction))
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
-    timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts))  # for every replay alike
-    print(f"verify pass by context and width (ms): {timed.line()}")
-    report = {"machine": describe(), "costs_ms": timed.ms(), "texts": []}
+    if args.costs:
+        earlier = json.loads(args.costs.read_text())
+        timed = VerifyCosts({int(context): {int(k): ms / 1000 for k, ms in row.items()}
+                             for context, row in earlier["costs_ms"].items()})
+        machine = f"{earlier['machine']} (the costs of {args.costs.name})"
+    else:
+        timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts))  # for every replay alike
+        machine = describe()
+    print(f"{machine}\nverify pass by context and width (ms): {timed.line()}")
+    report = {"machine": machine, "costs_ms": timed.ms(), "texts": []}
     columns = ("copying", "prediction", "learning", "told", "oracle", *(("real",) if args.real else ()))
     totals = dict.fromkeys(("plain", *columns, "passes", "priced"), 0.0)
     print("| prompt | tokens | copying | with the prediction | learning the costs | told where it breaks | oracle |"
           + (" the engine | its passes vs their price |" if args.real else "")
           + "\n|---|---|---|---|---|---|---|" + ("---|---|" if args.real else ""))
     memory: dict[int, list[float]] = {}
+    rounds: list[tuple[int, int, int, str]] = []
     for name, ids, text, prediction in texts:
         if args.real:
             real = real_decode(pair, ids, prediction, timed)
@@ -125,7 +162,7 @@ def main() -> None:
                 print(f"{name}: the engine wrote {len(real['tokens'])} tokens, not the {len(text)} of --texts")
                 text = real["tokens"]
         seconds = {"plain": plain_seconds(ids, text, timed), "copying": replay(ids, text, timed, base.PRIOR),
-                   "prediction": replay(ids, text, timed, base.PRIOR, prediction),
+                   "prediction": replay(ids, text, timed, base.PRIOR, prediction, rounds=rounds),
                    "learning": replay(ids, text, timed, base.PRIOR, prediction, memory=memory),
                    "told": replay(ids, text, timed, base.PRIOR, prediction, told_breaks=True),
                    "oracle": timed.at(1, len(ids)) + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
@@ -139,6 +176,8 @@ def main() -> None:
     report["speedups"] = {k: totals["plain"] / totals[k] for k in columns}
     print("| all | | " + " | ".join(f"{report['speedups'][k]:.2f}x" for k in columns)
           + (f" | {totals['passes'] / totals['priced']:.2f} |" if args.real else " |"))
+    if args.rounds:
+        print(round_breakdown(rounds, timed))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 
