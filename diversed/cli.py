@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Only modules that import no torch: `diversed --help` and a refused argument answer at once; each command
 # imports what it runs.
-from diversed.head.config import TrainConfig
+from diversed.head.config import TRAINING_DRAFTERS, TrainConfig
 from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, KINDS, PRETRAINED_HEADS, head_folder
 from diversed.models.options import BACKENDS, DTYPE_NAMES, QUANTIZATIONS
 from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength, RequestError
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="what the head sets per drafted token: mixture (the paper's weight w, rule dynamic), "
                             "lenience (rule lossy's L, below --max-lenience, from the target and the draft "
                             "distribution) or lenience-target (L from the target alone: serves copied drafts)")
+    train.add_argument("--drafter", choices=TRAINING_DRAFTERS, default=TrainConfig.drafter,
+                       help="whose drafts the rollouts verify: the draft model's, or copied ones (lookup, suffix, "
+                            "prediction: each example's input text, as --prediction in eval) for a lenience head")
     train.add_argument("--architecture", choices=ARCHITECTURES, default=TrainConfig.architecture)
     train.add_argument("--informative-only", action="store_true",
                        help="update only on the prompts whose samples' rewards differ (a step without any is "
@@ -352,6 +355,7 @@ def _train(args: argparse.Namespace) -> int:
     from diversed.evaluation.report import plot_training
     from diversed.head.train import LOG_FILE, check_run_folder, train_head
     from diversed.tasks import get_task
+    from diversed.tasks.task import predicted_outputs
 
     _sandbox(args)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -359,7 +363,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.until_step is not None and args.until_step < 1:
         raise ValueError(f"--until-step must be >= 1, got {args.until_step}")
     task = get_task(args.task)
-    task.examples("train", limit=config.limit)  # the data loads (and is checked) before the models
+    examples = task.examples("train", limit=config.limit)  # the data loads (and is checked) before the models
+    if config.drafter == "prediction":
+        predicted_outputs(args.task, examples)
     check_run_folder(args.out, config, args.resume)
     _check_load_options(args)
     train_head(_load(args), task, config, args.out, resume=args.resume, until_step=args.until_step)

@@ -15,7 +15,8 @@ from diversed.head.model import FEATURES, EnsembleHead, HeadConfig, LenienceHead
 from diversed.head.ppo import ppo_terms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows
 from diversed.head.train import LOG_FILE, train_head
-from diversed.request import Sampling
+from diversed.request import Sampling, Verification
+from diversed.tasks import Example
 from diversed.text import encode_prompt
 
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
@@ -175,6 +176,64 @@ def test_a_lenience_head_trains_a_step_and_its_rollouts_keep_the_verdicts(pair, 
         torch.testing.assert_close(column[scored & stored.kept], emitted[scored & stored.kept])
     assert not torch.allclose(stored.features[rejected, FEATURES.index("q(x)")], stored.q_y[rejected])
     assert type(EnsembleHead.load(tmp_path)) is LenienceHead
+
+
+class EchoTask(ToyTask):
+    """The toy task whose examples carry their prompt as the input text a prediction repeats."""
+
+    def examples(self, split: str = "train", limit: int | None = None) -> list[Example]:
+        return [replace(e, metadata={"original": e.prompt}) for e in super().examples(split, limit)]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "prediction"])
+def test_a_target_only_head_trains_on_copied_drafts_and_its_rollouts_cover_every_token(pair, tmp_path, drafter):
+    task = EchoTask(share_of_draft_tokens, size=2)
+    cfg = config(kind="lenience-target", drafter=drafter, lam=0.5, max_lenience=0.9, epochs=1)
+    head = train_head(pair, task, cfg, tmp_path, until_step=1, progress=False)
+    assert type(head) is LenienceHead
+    stored = Rollouts.load(tmp_path / ROLLOUTS, 1)
+    assert len(stored.token) == stored.info["new_tokens"]
+    scored = ~stored.bonus
+    assert scored.any() and stored.bonus.any()
+    # A copied draft is a point mass: q(x) = 1 and TV = 1 - p(x), wherever a draft was verified.
+    torch.testing.assert_close(stored.features[scored, FEATURES.index("q(x)")], torch.ones(int(scored.sum())))
+    torch.testing.assert_close(stored.tv[scored], 1 - stored.features[scored, FEATURES.index("p(x)")])
+    assert stored.h_draft.shape[-1] == 0  # nothing of the draft model is read
+    row, = log_rows(tmp_path)
+    assert row["updates"] > 0 and 0 < row["acceptance"] <= 1
+
+
+def test_a_trace_keeps_the_tokens_of_a_step_of_the_target_alone_as_bonus_tokens(pair):
+    """Copying drafters propose nothing in some rounds: those tokens come from a step of the target alone,
+    which calls on_tokens but not on_round. The trace keeps them, in order, as bonus tokens: its bonus tokens
+    are the tokens the target decided alone."""
+    traces = [train.Trace(32, torch.device("cpu")) for _ in range(2)]
+    calls = {"tokens": 0, "rounds": 0}
+
+    def on_tokens(i, new):
+        calls["tokens"] += 1
+        traces[i].emitted(len(new))
+
+    def on_round(i, result, row, count):
+        calls["rounds"] += 1
+        traces[i].add(result, row, count)
+
+    # The first prompt repeats itself, so lookup proposes; the second does not, at first.
+    generation = train.decode(pair.target, [[3, 4, 5, 3, 4, 5, 3, 4], [7, 8, 9]], draft=pair.draft,
+                              drafter="lookup", verification=Verification("exact"), sampling=Sampling(1.0),
+                              draft_length=3, max_new_tokens=16, seed=0, on_tokens=on_tokens, on_round=on_round)
+    assert 0 < calls["rounds"] < calls["tokens"]  # speculative rounds, and steps of the target alone
+    for trace, tokens, stats in zip(traces, generation.tokens, generation.stats, strict=True):
+        *_, kept, bonus = trace.tensors()
+        assert len(bonus) == len(tokens) and int(bonus.sum()) == stats.target_tokens
+        assert int(kept.sum()) == stats.accepted
+
+
+def test_copied_drafts_train_only_a_lenience_head():
+    with pytest.raises(ValueError, match="mixture head reads the draft model's hidden states"):
+        config(drafter="lookup")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        config(kind="lenience-target", drafter="auto")
 
 
 def test_a_warm_start_refuses_a_head_of_another_kind(uninterrupted):

@@ -26,6 +26,7 @@ from diversed.generation import generate, load_head
 from diversed.head.names import head_folder
 from diversed.models.loading import Pair
 from diversed.request import DRAFTERS, RENAMED_VERIFICATIONS, DraftLength, Sampling, Verification
+from diversed.tasks.task import predicted_outputs
 from diversed.text import cut_at_stop, encode_prompt
 
 PEERS = ("hf-exact", "hf-static", "hf-default")
@@ -130,9 +131,8 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
         raise ValueError(f"task {config.task!r} has no examples in split {config.split!r}")
     if len({e.id for e in examples}) != len(examples):
         raise ValueError(f"task {config.task!r} has examples with the same id: results would overwrite each other")
-    if config.prediction and any("original" not in e.metadata for e in examples):
-        raise ValueError(f"task {config.task!r} has no input text to predict its answers with (prediction: "
-                         "file-edit has)")
+    if config.prediction:
+        predicted_outputs(config.task, examples)  # a task without input texts is refused before anything runs
     if config.prediction and any(m.partition(":")[0] in PEERS for m in verifications):
         raise ValueError("transformers' assisted generation takes no prediction: leave out its verifications")
     heads = {m: load_head(pair, Verification.parse(m).head) for m in verifications
@@ -264,7 +264,7 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
                                max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
                                seed=seed, weight_fn=head,
                                # The target alone (plain) drafts nothing: it is every prediction's baseline.
-                               prediction=[examples[i].metadata["original"] for i in indices]
+                               prediction=predicted_outputs(task.name, [examples[i] for i in indices])
                                if config.prediction and label != "plain" else None)
         results = [(c.text, c.metrics) for c in completions]
     rows = []

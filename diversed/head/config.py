@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from diversed.head.names import CONFIG_FILE, KINDS, head_folder
 
+TRAINING_DRAFTERS = ("model", "lookup", "suffix", "prediction")
+
 
 @dataclass
 class TrainConfig:
@@ -53,6 +55,10 @@ class TrainConfig:
     # elsewhere the reward term is 0 and the acceptance term alone would pull w down unopposed.
     informative_only: bool = False
     seed: int = 0
+    # Whose drafts the rollouts verify: the draft model's, or a copying drafter's ("lookup", "suffix",
+    # "prediction": each example's input text as its predicted output), point masses that only a lenience head
+    # can verify (a mixture head reads the draft model's hidden states).
+    drafter: str = "model"
 
     def __post_init__(self) -> None:
         for name in ("lam", "temperature", "lr", "weight_decay", "grad_clip", "clip", "initial_weight",
@@ -86,6 +92,11 @@ class TrainConfig:
                              f"({self.prompts_per_step * self.samples_per_prompt})")
         if self.temperature <= 0:
             raise ValueError("training samples from the ensemble: temperature must be > 0")
+        if self.drafter not in TRAINING_DRAFTERS:
+            raise ValueError(f"drafter must be one of {TRAINING_DRAFTERS}, got {self.drafter!r}")
+        if self.drafter != "model" and self.kind == "mixture":
+            raise ValueError(f"a mixture head reads the draft model's hidden states, and drafter {self.drafter!r} "
+                             "copies text: train kind 'lenience-target' (or 'lenience') on copied drafts")
         if self.init_head is not None:
             start = json.loads((head_folder(self.init_head) / CONFIG_FILE).read_text())
             for name, default in (("architecture", None), ("kind", "mixture")):  # heads before kinds: mixture

@@ -46,7 +46,7 @@ class Rollouts:
     # rejected draft where y_t is the correction); zeros at bonus tokens
     features: Tensor
     kept: Tensor  # [N] bool: the draft at t was kept (y_t is it), not rejected (y_t is the correction)
-    bonus: Tensor  # [N] bool: drawn from p after a fully kept round, not from nu_t
+    bonus: Tensor  # [N] bool: drawn from p (after a fully kept round, or by the target alone), not from nu_t
     old_w: Tensor  # [N] float32: w_t (a lenience head: L_t) of the head that sampled the batch, on these inputs
     sequence: Tensor  # [N] int64: the completion the token belongs to, 0..S-1, in order
     reward: Tensor  # [S] float32: the task's reward

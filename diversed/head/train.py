@@ -43,12 +43,13 @@ from tqdm import tqdm
 from diversed.decoding.engine import Round, decode
 from diversed.folders import changed_settings, check_writable, saved_settings
 from diversed.head.config import TrainConfig
-from diversed.head.model import EnsembleHead, HeadConfig, build, token_features
+from diversed.head.model import FEATURES, EnsembleHead, HeadConfig, build, token_features
 from diversed.head.names import CONFIG_FILE, head_folder
 from diversed.head.ppo import ppo_terms, rejection, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
 from diversed.request import DraftLength, Sampling, Verification
+from diversed.tasks.task import predicted_outputs
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 from diversed.verify import point_masses, total_variation
 
@@ -100,6 +101,8 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
 
     sampling = Sampling(config.temperature)
     ids = [encode_prompt(pair.tokenizer, e.prompt_for(pair.tokenizer.chat_template is not None)) for e in examples]
+    predictions = ([pair.tokenizer(text, add_special_tokens=False)["input_ids"]
+                    for text in predicted_outputs(task.name, examples)] if config.drafter == "prediction" else None)
     last = total_steps if until_step is None else min(until_step, total_steps)
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress, dynamic_ncols=True)
     while step < last:
@@ -110,7 +113,8 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
         started = time.perf_counter()
         # Seeds are functions of the step: a resumed run samples and shuffles as the uninterrupted one did.
         seed = config.seed * 1_000_003 + step
-        rollouts = _rollouts(pair, head, [ids[i] for i in chosen], [examples[i] for i in chosen], task, config,
+        rollouts = _rollouts(pair, head, [ids[i] for i in chosen], [examples[i] for i in chosen],
+                             None if predictions is None else [predictions[i] for i in chosen], task, config,
                              sampling, seed, out_dir / ROLLOUTS, step + 1)
         with torch.no_grad():
             rejected = rejection(head, rollouts.old_w, rollouts)
@@ -131,8 +135,9 @@ def train_head(pair: Pair, task: Task, config: TrainConfig, out_dir: str | Path,
     return head
 
 
-def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
-              config: TrainConfig, sampling: Sampling, seed: int, folder: Path, step: int) -> Rollouts:
+def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list,
+              predictions: list[list[int]] | None, task: Task, config: TrainConfig, sampling: Sampling, seed: int,
+              folder: Path, step: int) -> Rollouts:
     """The step's rollouts: the stored ones if this step's were stored before a kill, else new ones, stored."""
     stored = Rollouts.load(folder, step, pair.target.device)
     if stored is not None:
@@ -140,7 +145,7 @@ def _rollouts(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examp
         if [c["example"] for c in stored.info["completions"]] != expected:
             raise ValueError(f"the rollouts stored for step {step} in {folder} are of other prompts")
         return stored
-    rollouts = _collect(pair, head, prompt_ids, examples, task, config, sampling, seed)
+    rollouts = _collect(pair, head, prompt_ids, examples, predictions, task, config, sampling, seed)
     rollouts.save(folder, step)
     return rollouts
 
@@ -151,14 +156,26 @@ class Trace:
     predicted it, p(y) and q(y) as the rule used them, TV(q, p), the FEATURES of the token drafted there
     (diversed.head.model: y itself where it was kept, the rejected draft where y is the correction) and
     whether it was kept. Training keeps its rollouts this way instead of running both models over them again,
-    through decode's on_round. A bonus token (drawn from p after a fully kept round, not from the rule's
-    target) had no draft: there the draft's state and the features are zeros, q(y) is p(y), TV is 0, and
-    `bonus` is true."""
+    through decode's on_tokens and on_round. A bonus token (drawn from p after a fully kept round, not from the
+    rule's target) had no draft: there the draft's state and the features are zeros, q(y) is p(y), TV is 0, and
+    `bonus` is true. So are the tokens of a step of the target alone (a round in which no copying drafter
+    proposed anything for any row), but for p(y), not seen there, and the target's state: zeros too (nothing
+    reads them at a bonus token)."""
 
+    target_hidden: int  # the target's hidden size: the width of its state at tokens no round traced
+    device: torch.device
     parts: list[tuple[Tensor, ...]] = field(default_factory=list)
+    untraced: int = 0  # tokens emitted last that no speculative round has traced (yet)
+
+    def emitted(self, count: int) -> None:
+        """A round emitted `count` tokens (decode's on_tokens, before on_round): a speculative round traces
+        them next (add); those it does not were written by a step of the target alone."""
+        self._fill_untraced()
+        self.untraced = count
 
     def add(self, result: Round, row: int, count: int) -> None:
         """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
+        self.untraced -= count
         if count == 0:
             return
         kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
@@ -180,34 +197,51 @@ class Trace:
         self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv, features, position < kept,
                            position >= scored))
 
+    def _fill_untraced(self) -> None:
+        """Trace the untraced tokens as bonus tokens of zeros (the draft's state as wide as the others')."""
+        if self.untraced:
+            n, width, device = self.untraced, self.parts[-1][0].shape[-1] if self.parts else 0, self.device
+            zeros = torch.zeros(n, device=device)
+            self.parts.append((torch.zeros(n, width, device=device), torch.zeros(n, self.target_hidden, device=device),
+                               zeros, zeros, zeros, torch.zeros(n, len(FEATURES), device=device),
+                               torch.zeros(n, dtype=torch.bool, device=device),
+                               torch.ones(n, dtype=torch.bool, device=device)))
+            self.untraced = 0
+
     def tensors(self) -> tuple[Tensor, ...]:
         """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y, tv [T], features [T, 5], kept and bonus [T]
         over the job's T tokens."""
+        self._fill_untraced()
         if not self.parts:
             raise ValueError("the trace is empty: the job emitted no token")
         return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
 
 
-def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list, task: Task,
-             config: TrainConfig, sampling: Sampling, seed: int) -> Rollouts:
+def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], examples: list,
+             predictions: list[list[int]] | None, task: Task, config: TrainConfig, sampling: Sampling, seed: int
+             ) -> Rollouts:
     """Sample samples_per_prompt completions of each prompt in one decode call, keeping what the verifier saw at
     each token, and reward them."""
     started = time.perf_counter()
     k = config.samples_per_prompt
     batch = [p for p in prompt_ids for _ in range(k)]
-    # A constant draft length: every round is speculative, so the traces cover every token.
-    traces = [Trace() for _ in batch]
-    generation = decode(pair.target, batch, draft=pair.draft, verification=Verification("dynamic"), sampling=sampling,
+    # A constant draft length: every round in which the drafter proposes anything is speculative (the draft
+    # model always does), so the traces cover every drafted token.
+    traces = [Trace(pair.target.hidden_size, pair.target.device) for _ in batch]
+    generation = decode(pair.target, batch, draft=pair.draft, drafter=config.drafter,
+                        verification=Verification("dynamic"), sampling=sampling,
                         draft_length=DraftLength(config.draft_length), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
+                        predictions=None if predictions is None else [p for p in predictions for _ in range(k)],
+                        on_tokens=lambda i, new: traces[i].emitted(len(new)),
                         on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
     device = pair.target.device
     traced = [trace.tensors() for trace in traces]
     if any(len(k[0]) != len(t) for k, t in zip(traced, generation.tokens, strict=True)):
-        raise RuntimeError("a trace missed tokens of its completion: every round must be speculative")
+        raise RuntimeError("a trace missed tokens of its completion")
     h_draft, h_target, p_y, q_y, tv, features, kept, bonus = (torch.cat(column).to(device)
                                                                for column in zip(*traced, strict=True))
     h_draft, h_target = h_draft.half(), h_target.half()

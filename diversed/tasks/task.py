@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from diversed.tasks.rewards import code_reward, extract_code, math_reward, rouge2_reward
@@ -42,6 +42,15 @@ class Task:
     reward: Callable[[Example, str], float]
     stop: tuple[str, ...] = ()
     max_new_tokens: int = 128
+
+
+def predicted_outputs(task_name: str, examples: Sequence[Example]) -> list[str]:
+    """Each example's input text (metadata["original"]: the file a whole-file edit returns with a change) as
+    its answer's predicted output (Predicted Outputs); ValueError, naming the task, where it has none."""
+    if any("original" not in e.metadata for e in examples):
+        raise ValueError(f"task {task_name!r} has no input text to predict its answers with (prediction: "
+                         "file-edit has)")
+    return [e.metadata["original"] for e in examples]
 
 
 def tests_pass(example: Example, completion: str, timeout_s: float = 10) -> float:
