@@ -32,6 +32,7 @@ from pathlib import Path
 
 from drafters_speed import VerifyCosts, token_ids, verify_costs
 
+from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter, base
 from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
 from diversed.decoding.engine import decode
@@ -49,8 +50,8 @@ LONG_WORKLOADS = {"file-edit": 6}
 
 def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[float, float],
            prediction: list[int] | None = None, told_breaks: bool = False,
-           memory: dict[int, list[float]] | None = None, rounds: list[tuple[int, int, int, str]] | None = None
-           ) -> float:
+           memory: dict[int, list[float]] | None = None, rounds: list[tuple[int, int, int, str]] | None = None,
+           tile: int = LlamaCppModel.pass_tile) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
     prediction, the prediction drafter first, as the auto drafter takes them). told_breaks: each round's width
     is cut to the tokens that will be kept (no drafter can know this; it separates the cost of drafts lost at
@@ -60,13 +61,14 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
     so far). The speed model knows every timed width's cost at that context, unless `memory` is given: then it
     learns them as the engine does, starting from the widths remembered there (as CostMemory starts a call:
     each weighing one, the target alone's step timed afresh), timing each round's pass, and leaves what it
-    learned in `memory` for the next text. `rounds`, if given, gets each round's (context, drafts, kept,
+    learned in `memory` for the next text. `tile`: the speed model's (SpeedModel), llama.cpp's pass_tile
+    unless told otherwise. `rounds`, if given, gets each round's (context, drafts, kept,
     drafter) appended, the drafter's name "" where nothing was proposed."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
         drafters.insert(0, PredictionDrafter())
     longest = DEFAULT_DRAFTING["llama.cpp"].maximum
-    speed = SpeedModel(longest)
+    speed = SpeedModel(longest, tile=tile)
     if memory is not None:
         speed.width = {k: [1.0, total / weight] for k, (weight, total) in memory.items() if k != 1}
     for drafter in drafters:
@@ -77,7 +79,7 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
     while i < len(text):
         context = len(prompt) + i
         if memory is None:  # told this context's costs: a fresh model each round (copying reads no other state)
-            speed = SpeedModel(longest)
+            speed = SpeedModel(longest, tile=tile)
             speed.width = {k: [1.0, costs.at(k, context)] for k in costs.widths}
         caps = [min(longest, len(text) - i - 1)]
         options = [drafter.candidates(caps)[0] for drafter in drafters]

@@ -20,6 +20,11 @@ this machine as a user has it), timing every pass of the target: its decode time
 loop included) as a speedup over the replayed plain time, and its passes' seconds against what the timed
 costs price them at (the same widths at the same contexts): what the replay leaves out.
 
+`--all-widths` times every width from 1 to 65 tokens (slower), so that every replayed pass is priced at its
+own width's cost, not between timed ones: a pass over a multiple of 16 tokens costs less than one a few tokens
+wider (llama.cpp's pass_tile). `--tile N` replays, and runs the engine, with that tile (1: every width weighed,
+as before the tile).
+
 `--costs REPORT` prices the replays with the verify costs an earlier run timed (its `--out`), so that a
 replay repeats exactly, with no model timed; `--rounds` then breaks the prediction's replay down by round: the
 rounds that kept every draft, those that broke (a draft rejected) and those that drafted nothing, by drafter,
@@ -29,6 +34,11 @@ with their seconds and, for the broken ones, what they would have cost cut at th
         --out benchmarks/results/edit-replay.json
     .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json \
         --costs benchmarks/results/edit-replay-epyc.json --rounds
+    .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json --all-widths \
+        --real --out benchmarks/results/edit-replay-tiles-epyc.json
+    .venv/bin/python benchmarks/edit_replay.py --texts benchmarks/results/edit-replay-texts.json --tile 1 \
+        --costs benchmarks/results/edit-replay-tiles-epyc.json --real \
+        --out benchmarks/results/edit-replay-no-tile-epyc.json
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from copy_replay import plain_seconds, replay
 from drafters_speed import VerifyCosts, oracle_seconds, token_ids, verify_costs
 from machine import describe
 
+from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.decoding.drafters import SuffixCache, base
 from diversed.decoding.engine import decode
 from diversed.models.loading import load_pair
@@ -121,6 +132,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048],
                         help="contexts (tokens held) at which the verify passes are timed")
     parser.add_argument("--real", action="store_true", help="also time the engine writing each text")
+    parser.add_argument("--all-widths", action="store_true", help="time every width from 1 to 65 tokens")
+    parser.add_argument("--tile", type=int, default=LlamaCppModel.pass_tile,
+                        help="the speed model's tile in the replays and the engine (1: every width weighed)")
     parser.add_argument("--costs", type=Path, help="an earlier run's report: price with its timed costs")
     parser.add_argument("--rounds", action="store_true", help="break the prediction's replay down by round")
     parser.add_argument("--out", type=Path)
@@ -128,6 +142,8 @@ def main() -> None:
     # The pair is loaded only to write texts, time costs or run the engine.
     made = args.texts and args.texts.exists()
     pair = None if made and args.costs and not args.real else load_pair(backend="llama.cpp")
+    if pair is not None:
+        pair.target.pass_tile = args.tile  # the engine's speed model weighs widths as the replays' does
     if made:
         texts = json.loads(args.texts.read_text())
     else:
@@ -144,10 +160,11 @@ def main() -> None:
                              for context, row in earlier["costs_ms"].items()})
         machine = f"{earlier['machine']} (the costs of {args.costs.name})"
     else:
-        timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts))  # for every replay alike
+        timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts),  # for every replay alike
+                             **({"widths": list(range(1, 66))} if args.all_widths else {}))
         machine = describe()
     print(f"{machine}\nverify pass by context and width (ms): {timed.line()}")
-    report = {"machine": machine, "costs_ms": timed.ms(), "texts": []}
+    report = {"machine": machine, "tile": args.tile, "costs_ms": timed.ms(), "texts": []}
     columns = ("copying", "prediction", "learning", "told", "oracle", *(("real",) if args.real else ()))
     totals = dict.fromkeys(("plain", *columns, "passes", "priced"), 0.0)
     print("| prompt | tokens | copying | with the prediction | learning the costs | told where it breaks | oracle |"
@@ -161,10 +178,12 @@ def main() -> None:
             if real["tokens"] != text:  # a near-tie turned by a pass's width: replay what the engine wrote
                 print(f"{name}: the engine wrote {len(real['tokens'])} tokens, not the {len(text)} of --texts")
                 text = real["tokens"]
-        seconds = {"plain": plain_seconds(ids, text, timed), "copying": replay(ids, text, timed, base.PRIOR),
-                   "prediction": replay(ids, text, timed, base.PRIOR, prediction, rounds=rounds),
-                   "learning": replay(ids, text, timed, base.PRIOR, prediction, memory=memory),
-                   "told": replay(ids, text, timed, base.PRIOR, prediction, told_breaks=True),
+        tile = args.tile
+        seconds = {"plain": plain_seconds(ids, text, timed),
+                   "copying": replay(ids, text, timed, base.PRIOR, tile=tile),
+                   "prediction": replay(ids, text, timed, base.PRIOR, prediction, rounds=rounds, tile=tile),
+                   "learning": replay(ids, text, timed, base.PRIOR, prediction, memory=memory, tile=tile),
+                   "told": replay(ids, text, timed, base.PRIOR, prediction, told_breaks=True, tile=tile),
                    "oracle": timed.at(1, len(ids)) + oracle_seconds(ids, text, timed, SuffixCache(), prediction)}
         if args.real:
             seconds |= {"real": real["decode"], "passes": real["passes"], "priced": real["priced"]}

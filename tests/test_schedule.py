@@ -2,6 +2,9 @@
 
 import pytest
 
+from diversed.backends.hf import TransformersModel
+from diversed.backends.llama_cpp import LlamaCppModel
+from diversed.decoding.drafters.base import Candidate, copy_width
 from diversed.decoding.profile import PHASES, profile_table
 from diversed.decoding.schedule import COSTS_FILE, CostMemory, SpeedModel, expected_tokens_per_round
 from diversed.request import DraftLength
@@ -47,6 +50,32 @@ def test_wide_passes_are_priced_by_one_line_so_that_one_slow_timing_bars_no_widt
     assert model.verify_time(32) == pytest.approx(0.58 - 4 * slope) and model.verify_time(32) < 0.62
     assert model.verify_time(64) == pytest.approx(0.58 + 28 * slope)
     assert model.verify_time(4) == pytest.approx(0.13) and model.verify_time(1) == pytest.approx(0.07)
+
+
+def test_with_a_tile_passes_of_its_width_or_more_are_whole_tiles():
+    model = SpeedModel(maximum=64, tile=16)
+    assert model.draft_lengths() == [*range(1, 15), 15, 31, 47, 63]  # passes of 2-15 tokens, then 16, 32, 48, 64
+    assert model.draft_lengths(40) == [*range(1, 15), 15, 31]
+    assert SpeedModel(maximum=8).draft_lengths() == list(range(1, 9))  # no tile: every length
+
+
+def test_a_long_copy_is_drafted_in_whole_tiles_where_the_line_would_go_past_one():
+    """llama.cpp on a CPU: a pass over 64 tokens costs less than one over 65, which the line through the timed
+    wide passes cannot show. Where every copied draft is kept, the line alone picks the widest pass; with the
+    tile, a whole number of tiles."""
+    costs = ((1, 0.035), (4, 0.10), (8, 0.23), (16, 0.28), (32, 0.47), (48, 0.66), (64, 0.82))
+    widths = {}
+    for tile in (1, 16):
+        model = SpeedModel(maximum=64, decay=1.0, prior_drafts=0.0, tile=tile)
+        for k, seconds in costs:
+            model.observe_copied(k, seconds)
+        copy = Candidate(list(range(100)), ("run", 64), 0.999)
+        widths[tile] = copy_width([copy], model)[0] + 1
+    assert widths == {1: 65, 16: 64}
+
+
+def test_the_llama_cpp_backend_declares_its_tile_and_transformers_none():
+    assert LlamaCppModel.pass_tile == 16 and TransformersModel.pass_tile == 1
 
 
 def test_cheap_accepted_drafts_get_long_rounds_and_costly_rejected_ones_the_target_alone():

@@ -52,6 +52,9 @@ class Model(Protocol):
     context_length: int | None  # positions a row may hold (None: no known limit)
     eos_token_ids: tuple[int, ...]  # tokens the model's own config says end a sequence
     device: torch.device  # where its logits and hidden states live
+    # A pass over a multiple of this many tokens costs least per token (the engine's matrix kernels work in
+    # tiles of it); a wider pass that is not a multiple costs more than the multiple below it. 1: no such step.
+    pass_tile: int
 
     def rows(self, count: int, capacity: int | None = None) -> Rows:
         """An empty batch of `count` sequences, which `extend` may grow to `capacity` (default: count)."""

@@ -31,6 +31,7 @@ class TransformersModel:
     """A frozen transformers causal LM behind the backend interface (diversed.backends.base.Model)."""
 
     backend = "transformers"
+    pass_tile = 1  # not measured for its kernels: every width is weighed
 
     def __init__(self, model: PreTrainedModel, name: str = "") -> None:
         unsupported = _unsupported_feature(model.config)

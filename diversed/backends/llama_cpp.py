@@ -97,6 +97,10 @@ class LlamaCppModel:
     on, unless this build's AMX kernels would fault here: extra_buffers_safe)."""
 
     backend = "llama.cpp"
+    # On a CPU llama.cpp's matrix kernels take a pass's tokens 16 at a time and the rest more slowly: a pass over
+    # 16 tokens costs less than one over 15, one over 64 about 11% less than one over 65 (all widths 1-65 timed:
+    # benchmarks/README.md, "Faster whole-file edits").
+    pass_tile = 16
 
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
                  threads: int | None = None, extra_buffers: bool | None = None) -> None:

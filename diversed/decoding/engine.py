@@ -362,7 +362,7 @@ class Batch:
         draft = self.drafter.draft_model
         key = (_cost_identity(self.target), "" if draft is None else _cost_identity(draft), len(self.jobs))
         if self.speed is None or (self._joined and key != self._costs_key):
-            fresh = self.costs.speed_model(key, self.draft_length.maximum)
+            fresh = self.costs.speed_model(key, self.draft_length.maximum, self.target.pass_tile)
             if self.speed is not None:
                 self.costs.keep(self._costs_key, self.speed)
                 fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections

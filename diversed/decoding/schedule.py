@@ -76,11 +76,15 @@ class SpeedModel:
     round is long, which times a second width. When the target alone is predicted fastest, a round after
     `probe_every` of them drafts anyway (the best N >= 1), so that acceptance keeps being measured and
     speculation resumes when it pays again; each probe that changes nothing doubles the wait for the next.
+
+    `tile`: the target's pass_tile (diversed.backends.base.Model). A pass of a tile's width or more is weighed
+    only over whole tiles (`draft_lengths`): one a few tokens past a multiple costs more than the multiple
+    below it, a step that no line through the timed widths shows.
     """
 
     def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0,
-                 probe_every: int = 16) -> None:
-        self.maximum, self.decay, self.probe_every = maximum, decay, probe_every
+                 probe_every: int = 16, tile: int = 1) -> None:
+        self.maximum, self.decay, self.probe_every, self.tile = maximum, decay, probe_every, tile
         self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
         # The draft model's catch-up: tokens it was fed at the start of a round because it had not seen them
@@ -190,6 +194,12 @@ class SpeedModel:
                 self._lines[wide] = _fit({w: [1.0, t / n] for w, (n, t) in self.width.items()})
         return self._lines[wide]
 
+    def draft_lengths(self, longest: int | None = None) -> list[int]:
+        """The draft lengths weighed, 1 to `longest` (at most `maximum`): every one whose pass (n + 1 tokens) is
+        narrower than a tile, then only passes of whole tiles."""
+        top = self.maximum if longest is None else min(longest, self.maximum)
+        return [n for n in range(1, top + 1) if n + 1 < self.tile or (n + 1) % self.tile == 0]
+
     def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
         at `acceptance`), `overhead` seconds added (the draft model's catch-up); n = 0 is the target alone."""
@@ -213,13 +223,13 @@ class SpeedModel:
             return 0
         if not self.draft_steps:  # no draft step timed yet (a new batch size, or only catch-up rounds): time one
             return 1
-        drafted = max(range(1, self.maximum + 1), key=self.tokens_per_second)
+        drafted = max(self.draft_lengths(), key=self.tokens_per_second)
         if self.tokens_per_second(drafted) >= self.tokens_per_second(0):
             self.probe_interval = self.probe_every
             return drafted
         # A probe can only help where acceptance is what holds drafting back: not where even drafts that are
         # all kept would be slower than the target alone (a CPU whose verify pass costs a step per token).
-        ceiling = max(self.tokens_per_second(n, acceptance=1.0) for n in range(1, self.maximum + 1))
+        ceiling = max(self.tokens_per_second(n, acceptance=1.0) for n in self.draft_lengths())
         if self.plain_rounds >= self.probe_interval and ceiling > self.tokens_per_second(0):
             self.probe_interval = min(2 * self.probe_interval, 1024)
             return drafted
@@ -256,7 +266,7 @@ class CostMemory:
         self.kept: dict[tuple, Costs] = {}
         self._read = False
 
-    def speed_model(self, key: tuple, maximum: int) -> SpeedModel:
+    def speed_model(self, key: tuple, maximum: int, tile: int = 1) -> SpeedModel:
         """A speed model whose costs start from what earlier calls with the same key measured (each width
         and the draft step weighing as one observation, so this call's own soon dominate), but a step of the
         target alone, which every call times afresh: every choice is weighed against it, a remembered one that
@@ -265,7 +275,7 @@ class CostMemory:
         if not self._read:
             self._read = True
             self.kept.update(_read_costs(self._file()))
-        model = SpeedModel(maximum)
+        model = SpeedModel(maximum, tile=tile)
         if key in self.kept:
             widths, draft_time, draft_steps, catch_up = self.kept[key]
             model.width = {k: [1.0, total / weight] for k, (weight, total) in widths.items() if k != 1}

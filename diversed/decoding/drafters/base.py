@@ -234,14 +234,14 @@ def copied(candidates: Sequence[Candidate | None], names: Sequence[str], speed: 
 
 
 def copy_width(candidates: Sequence[Candidate | None], speed: SpeedModel) -> tuple[int, float]:
-    """The width n (0: the target alone) and its predicted tokens per second and row, for drafts that cost
-    nothing: mean over rows of the tokens a round writes, over the verify pass's time at width n + 1. Until a
-    step of the target alone is timed, 0 (so that one is)."""
+    """The width n (0: the target alone; else one of speed.draft_lengths) and its predicted tokens per second
+    and row, for drafts that cost nothing: mean over rows of the tokens a round writes, over the verify pass's
+    time at width n + 1. Until a step of the target alone is timed, 0 (so that one is)."""
     if 1 not in speed.width:
         return 0, 0.0
     longest = max((len(c.tokens) for c in candidates if c is not None), default=0)
     best, best_rate = 0, speed.tokens_per_second(0)
-    for n in range(1, min(longest, speed.maximum) + 1):
+    for n in speed.draft_lengths(longest):
         tokens = sum(1.0 if c is None else c.expected_tokens(n) for c in candidates) / len(candidates)
         if (rate := tokens / speed.verify_time(n + 1)) > best_rate:
             best, best_rate = n, rate
