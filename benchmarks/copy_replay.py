@@ -19,6 +19,9 @@ over the same workloads plus whole-file edits (file-edit train, answers of up to
 and without the file as prediction: `file-edit+prediction`), the verify passes timed after a file-edit
 prompt up to 65 tokens wide; the base prior stays base.PRIOR.
 
+`--costs REPORT` prices the replays with the verify costs an earlier run of this script or of edit_replay.py
+timed (no model timed); `--tile N` replays with that tile (1: every width weighed).
+
     .venv/bin/python benchmarks/copy_replay.py --out benchmarks/results/copy-replay.json
     .venv/bin/python benchmarks/copy_replay.py --long --texts benchmarks/results/copy-replay-long-texts.json \
         --out benchmarks/results/copy-replay-long.json
@@ -130,19 +133,26 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--long", action="store_true", help="choose base.RUN_PRIOR (the prior of long runs)")
     parser.add_argument("--texts", type=Path, help="the greedy texts: read if the file exists, else made and written")
+    parser.add_argument("--costs", type=Path, help="an earlier run's report: price with its timed costs")
+    parser.add_argument("--tile", type=int, default=LlamaCppModel.pass_tile,
+                        help="the speed model's tile in the replays (1: every width weighed)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    pair = load_pair(backend="llama.cpp")
+    made = args.texts and args.texts.exists()
+    pair = None if made and args.costs else load_pair(backend="llama.cpp")  # to write texts or time costs
     workloads = {**WORKLOADS, **(LONG_WORKLOADS if args.long else {})}
-    if args.texts and args.texts.exists():
+    if made:
         texts = {name: [tuple(item) for item in items] for name, items in json.loads(args.texts.read_text()).items()}
     else:
         texts = greedy_texts(pair, workloads, args.tokens, 1024)
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
-    timed = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
+    if args.costs:
+        timed = VerifyCosts.from_report(args.costs)
+    else:
+        timed = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
     print(f"verify pass by width (ms): {timed.line()}")
-    report = {"costs_ms": timed.ms(), "speedups": {}}
+    report = {"costs_ms": timed.ms(), "tile": args.tile, "speedups": {}}
     runs = {name: [(ids, text, None) for ids, text, _ in items] for name, items in texts.items()}
     if args.long:
         runs["file-edit+prediction"] = texts["file-edit"]
@@ -155,8 +165,8 @@ def main() -> None:
         speedups = {}
         for name, items in runs.items():
             plain = sum(plain_seconds(ids, text, timed) for ids, text, _ in items)
-            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if args.long else prior, prediction)
-                                         for ids, text, prediction in items)
+            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if args.long else prior, prediction,
+                                                tile=args.tile) for ids, text, prediction in items)
         report["speedups"][str(prior)] = speedups
         print(f"| {prior} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())
               + f" | {min(speedups.values()):.3f}x |", flush=True)

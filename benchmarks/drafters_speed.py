@@ -57,7 +57,9 @@ from diversed.text import encode_messages, encode_prompt
 
 OURS = ("lookup exact", "suffix exact", "model exact", "auto exact", "auto lossy:0.5", "auto static:0.7",
         "auto exact repeat", "auto exact prediction", "auto lossy:0.5 prediction", "auto static:0.7 prediction")
-WIDTHS = (*range(1, 17), 24, 32, 48, 65)  # verify passes timed for the oracle (its drafts: one fewer)
+# Verify passes timed for the oracle (its drafts: one fewer): every width up to 16, then llama.cpp's cheapest,
+# the multiples of its pass_tile, and the widest.
+WIDTHS = (*range(1, 17), 24, 32, 48, 64, 65)
 # llama-server's n-gram modes and the settings tried for each (its defaults, made for GPUs, last); `--grid
 # small` (long answers, where each try takes a minute) tries the short-answer winner of the earlier runs and
 # the defaults only, and ngram-map-k (last in every earlier run) at its defaults.
@@ -143,6 +145,12 @@ class VerifyCosts:
     logits of all returned), measured at a few contexts; between them linear in the context, as attention's
     share of a pass is, and beyond them the nearest two's line extended."""
     by_context: dict[int, dict[int, float]]
+
+    @classmethod
+    def from_report(cls, path: Path) -> VerifyCosts:
+        """The costs an earlier run timed, from its report (`costs_ms`: milliseconds by context and width)."""
+        return cls({int(context): {int(k): ms / 1000 for k, ms in row.items()}
+                    for context, row in json.loads(path.read_text())["costs_ms"].items()})
 
     @property
     def widths(self) -> list[int]:

@@ -155,10 +155,8 @@ def main() -> None:
         if args.texts:
             args.texts.write_text(json.dumps(texts) + "\n")
     if args.costs:
-        earlier = json.loads(args.costs.read_text())
-        timed = VerifyCosts({int(context): {int(k): ms / 1000 for k, ms in row.items()}
-                             for context, row in earlier["costs_ms"].items()})
-        machine = f"{earlier['machine']} (the costs of {args.costs.name})"
+        timed = VerifyCosts.from_report(args.costs)
+        machine = f"{json.loads(args.costs.read_text())['machine']} (the costs of {args.costs.name})"
     else:
         timed = verify_costs(pair, texts[0][1], contexts=tuple(args.contexts),  # for every replay alike
                              **({"widths": list(range(1, 66))} if args.all_widths else {}))
