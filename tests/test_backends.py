@@ -241,7 +241,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
 
     models, atol = backend
     target, draft = models["target"], models["close"]
-    traces = [Trace() for _ in PROMPTS]
+    traces = [Trace(target.hidden_size, target.device) for _ in PROMPTS]
     out = decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), sampling=Sampling(1.0),
                  weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
                  max_new_tokens=11, eos_token_ids=[4], seed=2,

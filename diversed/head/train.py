@@ -175,7 +175,7 @@ class Trace:
 
     def add(self, result: Round, row: int, count: int) -> None:
         """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
-        self.untraced -= count
+        self.untraced = max(self.untraced - count, 0)  # 0 where `emitted` is not called: every round traced
         if count == 0:
             return
         kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
