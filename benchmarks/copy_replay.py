@@ -17,7 +17,10 @@ llama.cpp; the costs are the verify passes timed at the start of the run.
 `--long`: the prior of long runs (base.RUN_PRIOR, the kinds ("run", 16) and ("run", 64)), by the same rule
 over the same workloads plus whole-file edits (file-edit train, answers of up to 1,024 tokens, replayed with
 and without the file as prediction: `file-edit+prediction`), the verify passes timed after a file-edit
-prompt up to 65 tokens wide; the base prior stays base.PRIOR.
+prompt up to 65 tokens wide; the base prior stays base.PRIOR. Then, with base.RUN_PRIOR at its choice, the
+prior of a prediction's long runs (prediction.RUN_PRIOR) by the same rule over the one workload that has
+predictions, file-edit+prediction (rule added 2026-12-06, after three runs on the AMD EPYC chose a low
+base.RUN_PRIOR for GSM8K's sake, where no prediction is ever sent).
 
 `--costs REPORT` prices the replays with the verify costs an earlier run of this script or of edit_replay.py
 timed (no model timed); `--tile N` replays with that tile (1: every width weighed).
@@ -37,6 +40,7 @@ from drafters_speed import VerifyCosts, token_ids, verify_costs
 
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter, base
+from diversed.decoding.drafters import prediction as predicted
 from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
 from diversed.decoding.engine import decode
 from diversed.decoding.schedule import SpeedModel
@@ -128,6 +132,43 @@ def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int)
     return texts
 
 
+def speedup_table(runs: dict[str, list], timed: VerifyCosts, candidates: list[tuple[float, float]], long: bool,
+                  tile: int, predictions: bool = False) -> dict[str, dict[str, float]]:
+    """Each candidate prior's speedup per workload (plain decode time over replayed, pooled), printed as a
+    table. long: the candidates are long runs' prior (base.RUN_PRIOR and a prediction's, or with
+    `predictions` the prediction's alone), else the base prior."""
+    print("| prior (kept, rejected) | " + " | ".join(runs) + " | worst |")
+    print("|---" * (len(runs) + 2) + "|")
+    table = {}
+    for prior in candidates:
+        if long:
+            predicted.RUN_PRIOR = prior
+            if not predictions:
+                base.RUN_PRIOR = prior
+        speedups = {}
+        for name, items in runs.items():
+            plain = sum(plain_seconds(ids, text, timed) for ids, text, _ in items)
+            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if long else prior, prediction,
+                                                tile=tile) for ids, text, prediction in items)
+        table[str(prior)] = speedups
+        print(f"| {prior} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())
+              + f" | {min(speedups.values()):.3f}x |", flush=True)
+    return table
+
+
+def choose(table: dict[str, dict[str, float]], candidates: list[tuple[float, float]], long: bool
+           ) -> tuple[float, float]:
+    """The best worst-workload speedup (to 3 decimals); on a tie, with `long` the best on file edits, then
+    (and without `long`) the more pessimistic prior (lower prior rate)."""
+    worst = {str(p): round(min(table[str(p)].values()), 3) for p in candidates}
+    if long:  # long runs happen in file edits: among priors at the best worst case, the best there
+        best = max(worst.values())
+        return max((p for p in candidates if worst[str(p)] == best),
+                   key=lambda p: (round(sum(v for k, v in table[str(p)].items() if k.startswith("file-edit")), 3),
+                                  -p[0] / sum(p)))
+    return max(candidates, key=lambda p: (worst[str(p)], -p[0] / sum(p)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=192)
@@ -152,35 +193,21 @@ def main() -> None:
     else:
         timed = verify_costs(pair, texts["file-edit" if args.long else "mbpp-edit"][0][0])
     print(f"verify pass by width (ms): {timed.line()}")
-    report = {"costs_ms": timed.ms(), "tile": args.tile, "speedups": {}}
+    report = {"costs_ms": timed.ms(), "tile": args.tile}
     runs = {name: [(ids, text, None) for ids, text, _ in items] for name, items in texts.items()}
     if args.long:
         runs["file-edit+prediction"] = texts["file-edit"]
-    print("| prior (kept, rejected) | " + " | ".join(runs) + " | worst |")
-    print("|---" * (len(runs) + 2) + "|")
     candidates = RUN_PRIORS if args.long else PRIORS
-    for prior in candidates:
-        if args.long:
-            base.RUN_PRIOR = prior
-        speedups = {}
-        for name, items in runs.items():
-            plain = sum(plain_seconds(ids, text, timed) for ids, text, _ in items)
-            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if args.long else prior, prediction,
-                                                tile=args.tile) for ids, text, prediction in items)
-        report["speedups"][str(prior)] = speedups
-        print(f"| {prior} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())
-              + f" | {min(speedups.values()):.3f}x |", flush=True)
-    # The chosen prior: the best worst-workload speedup; on a tie, the more pessimistic (lower prior rate).
-    worst = {str(p): round(min(report["speedups"][str(p)].values()), 3) for p in candidates}
-    if args.long:  # long runs happen in file edits: among priors at the best worst case, the best there
-        best = max(worst.values())
-        chosen = max((p for p in candidates if worst[str(p)] == best),
-                     key=lambda p: (round(sum(v for k, v in report["speedups"][str(p)].items()
-                                              if k.startswith("file-edit")), 3), -p[0] / sum(p)))
-    else:
-        chosen = max(candidates, key=lambda p: (worst[str(p)], -p[0] / sum(p)))
-    report["chosen"] = chosen
+    report["speedups"] = speedup_table(runs, timed, candidates, args.long, args.tile)
+    chosen = report["chosen"] = choose(report["speedups"], candidates, args.long)
     print(f"chosen: {chosen}")
+    if args.long:  # the prior of a prediction's long runs, on the workload that has predictions
+        base.RUN_PRIOR = chosen
+        print(f"\nwith base.RUN_PRIOR = {chosen}, the prior of a prediction's long runs (prediction.RUN_PRIOR):")
+        only = {"file-edit+prediction": runs["file-edit+prediction"]}
+        report["prediction_speedups"] = speedup_table(only, timed, candidates, True, args.tile, predictions=True)
+        report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, False)
+        print(f"chosen for predictions: {report['prediction_chosen']}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -16,7 +16,9 @@ from diversed.decoding.drafters import (
     make_drafter,
     prediction_tokens,
 )
-from diversed.decoding.drafters.base import Acceptance
+from diversed.decoding.drafters.base import RUN_PRIOR, Acceptance
+from diversed.decoding.drafters.prediction import PRIOR as PREDICTION_PRIOR
+from diversed.decoding.drafters.prediction import RUN_PRIOR as PREDICTION_RUN_PRIOR
 from diversed.decoding.drafters.prediction import Prediction
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
@@ -156,6 +158,15 @@ def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted
     assert estimate.observe(("b",), [5, 6, 7], [5, 6, 9]) == 2  # two kept, then a rejection
     assert estimate.observe(("b",), [5, 6], [5]) == 1  # a step of the target alone: one matched, no verdict after
     assert estimate.rate(("b",)) == pytest.approx(3 / 4)
+
+
+def test_a_long_run_starts_from_its_own_prior_and_a_predictions_from_the_predictions():
+    estimate = Acceptance((1.0, 3.0), run_prior=(9.0, 1.0))
+    assert estimate.rate(("short",)) == 0.25 and estimate.rate(("run", 16)) == 0.9
+    assert LookupDrafter().acceptance.rate(("run", 64)) == pytest.approx(RUN_PRIOR[0] / sum(RUN_PRIOR))
+    rate = PredictionDrafter().acceptance.rate
+    assert rate(("run", 64)) == pytest.approx(PREDICTION_RUN_PRIOR[0] / sum(PREDICTION_RUN_PRIOR))
+    assert rate((1, "none")) == pytest.approx(PREDICTION_PRIOR[0] / sum(PREDICTION_PRIOR))
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import platform
@@ -85,6 +86,8 @@ class SpeedModel:
     def __init__(self, maximum: int, decay: float = 0.9, prior_acceptance: float = 0.8, prior_drafts: float = 8.0,
                  probe_every: int = 16, tile: int = 1) -> None:
         self.maximum, self.decay, self.probe_every, self.tile = maximum, decay, probe_every, tile
+        # Every pass (n + 1 tokens) narrower than a tile, then only passes of whole tiles: weighed each round.
+        self._lengths = [n for n in range(1, maximum + 1) if n + 1 < tile or (n + 1) % tile == 0]
         self.kept, self.rejections = prior_acceptance * prior_drafts, (1 - prior_acceptance) * prior_drafts
         self.draft_time = self.draft_steps = 0.0
         # The draft model's catch-up: tokens it was fed at the start of a round because it had not seen them
@@ -197,8 +200,7 @@ class SpeedModel:
     def draft_lengths(self, longest: int | None = None) -> list[int]:
         """The draft lengths weighed, 1 to `longest` (at most `maximum`): every one whose pass (n + 1 tokens) is
         narrower than a tile, then only passes of whole tiles."""
-        top = self.maximum if longest is None else min(longest, self.maximum)
-        return [n for n in range(1, top + 1) if n + 1 < self.tile or (n + 1) % self.tile == 0]
+        return self._lengths if longest is None else self._lengths[:bisect.bisect_right(self._lengths, longest)]
 
     def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or

@@ -11,12 +11,15 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from difflib import SequenceMatcher
 
-from diversed.decoding.drafters.base import Candidate, CopyDrafter, run_bucket
+from diversed.decoding.drafters.base import Acceptance, Candidate, CopyDrafter, run_bucket
 from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcome
 
 # A prediction is the user's word that the answer repeats it: a proposal from one starts as if 4 of 5 had been
-# kept (copying drafters start at 1 of 6), so that it is drafted from the first round.
+# kept (copying drafters start at 1 of 6), so that it is drafted from the first round. A long run of it starts
+# from RUN_PRIOR: chosen by replay on the workload that has predictions (benchmarks/copy_replay.py --long),
+# apart from the copying drafters' base.RUN_PRIOR, which answers that have nothing to copy decide.
 PRIOR = (4.0, 1.0)
+RUN_PRIOR = (64.0, 1.0)
 SURE_RUN = 4  # tokens of agreement after which a place is sure enough to look forward from
 
 
@@ -68,7 +71,7 @@ class PredictionDrafter(CopyDrafter):
         self.predictions: list[Prediction | None] = []
         self.outcomes: list[str] = []
         super().__init__()
-        self.acceptance.prior = PRIOR
+        self.acceptance = Acceptance(PRIOR, RUN_PRIOR)
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.predictions.append(Prediction(prediction) if prediction else None)
