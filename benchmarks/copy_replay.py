@@ -17,7 +17,8 @@ llama.cpp; the costs are the verify passes timed at the start of the run.
 `--long`: the prior of long runs (base.RUN_PRIOR, the kinds ("run", 16) and ("run", 64)), by the same rule
 over the same workloads plus whole-file edits (file-edit train, answers of up to 1,024 tokens, replayed with
 and without the file as prediction: `file-edit+prediction`), the verify passes timed after a file-edit
-prompt up to 65 tokens wide; the base prior stays base.PRIOR. Then, with base.RUN_PRIOR at its choice, the
+prompt up to 65 tokens wide; the base prior stays base.PRIOR, and a prediction's long runs take each candidate
+too (one prior for every drafter, as before). Then, with base.RUN_PRIOR at its choice, the
 prior of a prediction's long runs (prediction.RUN_PRIOR) by the same rule over the one workload that has
 predictions, file-edit+prediction (rule added 2026-12-06, after three runs on the AMD EPYC chose a low
 base.RUN_PRIOR for GSM8K's sake, where no prediction is ever sent).
@@ -40,7 +41,7 @@ from drafters_speed import VerifyCosts, token_ids, verify_costs
 
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter, base
-from diversed.decoding.drafters import prediction as predicted
+from diversed.decoding.drafters import prediction as prediction_drafter
 from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
 from diversed.decoding.engine import decode
 from diversed.decoding.schedule import SpeedModel
@@ -133,17 +134,17 @@ def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int)
 
 
 def speedup_table(runs: dict[str, list], timed: VerifyCosts, candidates: list[tuple[float, float]], long: bool,
-                  tile: int, predictions: bool = False) -> dict[str, dict[str, float]]:
+                  tile: int, prediction_only: bool = False) -> dict[str, dict[str, float]]:
     """Each candidate prior's speedup per workload (plain decode time over replayed, pooled), printed as a
-    table. long: the candidates are long runs' prior (base.RUN_PRIOR and a prediction's, or with
-    `predictions` the prediction's alone), else the base prior."""
+    table. long: the candidates are long runs' prior (base.RUN_PRIOR and a prediction's alike, or with
+    `prediction_only` the prediction's alone), else the base prior."""
     print("| prior (kept, rejected) | " + " | ".join(runs) + " | worst |")
     print("|---" * (len(runs) + 2) + "|")
     table = {}
     for prior in candidates:
         if long:
-            predicted.RUN_PRIOR = prior
-            if not predictions:
+            prediction_drafter.RUN_PRIOR = prior
+            if not prediction_only:
                 base.RUN_PRIOR = prior
         speedups = {}
         for name, items in runs.items():
@@ -172,7 +173,8 @@ def choose(table: dict[str, dict[str, float]], candidates: list[tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=192)
-    parser.add_argument("--long", action="store_true", help="choose base.RUN_PRIOR (the prior of long runs)")
+    parser.add_argument("--long", action="store_true",
+                        help="choose the priors of long runs (base.RUN_PRIOR, then prediction.RUN_PRIOR)")
     parser.add_argument("--texts", type=Path, help="the greedy texts: read if the file exists, else made and written")
     parser.add_argument("--costs", type=Path, help="an earlier run's report: price with its timed costs")
     parser.add_argument("--tile", type=int, default=LlamaCppModel.pass_tile,
@@ -205,8 +207,8 @@ def main() -> None:
         base.RUN_PRIOR = chosen
         print(f"\nwith base.RUN_PRIOR = {chosen}, the prior of a prediction's long runs (prediction.RUN_PRIOR):")
         only = {"file-edit+prediction": runs["file-edit+prediction"]}
-        report["prediction_speedups"] = speedup_table(only, timed, candidates, True, args.tile, predictions=True)
-        report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, False)
+        report["prediction_speedups"] = speedup_table(only, timed, candidates, True, args.tile, prediction_only=True)
+        report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, True)
         print(f"chosen for predictions: {report['prediction_chosen']}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -160,7 +160,7 @@ def test_acceptance_learns_from_what_the_row_wrote_whether_or_not_it_was_drafted
     assert estimate.rate(("b",)) == pytest.approx(3 / 4)
 
 
-def test_a_long_run_starts_from_its_own_prior_and_a_predictions_from_the_predictions():
+def test_long_runs_start_from_their_own_prior_and_a_prediction_has_its_own():
     estimate = Acceptance((1.0, 3.0), run_prior=(9.0, 1.0))
     assert estimate.rate(("short",)) == 0.25 and estimate.rate(("run", 16)) == 0.9
     assert LookupDrafter().acceptance.rate(("run", 64)) == pytest.approx(RUN_PRIOR[0] / sum(RUN_PRIOR))

@@ -205,24 +205,20 @@ def test_a_target_only_head_trains_on_copied_drafts_and_its_rollouts_cover_every
 
 def test_a_trace_keeps_the_tokens_of_a_step_of_the_target_alone_as_bonus_tokens(pair):
     """Copying drafters propose nothing in some rounds: those tokens come from a step of the target alone,
-    which calls on_tokens but not on_round. The trace keeps them, in order, as bonus tokens: its bonus tokens
-    are the tokens the target decided alone."""
+    which calls on_round without a Round. The trace keeps them as bonus tokens: its bonus tokens are the tokens
+    the target decided alone."""
     traces = [train.Trace(32, torch.device("cpu")) for _ in range(2)]
-    calls = {"tokens": 0, "rounds": 0}
-
-    def on_tokens(i, new):
-        calls["tokens"] += 1
-        traces[i].emitted(len(new))
+    calls = {"steps": 0, "rounds": 0}
 
     def on_round(i, result, row, count):
-        calls["rounds"] += 1
+        calls["steps" if result is None else "rounds"] += 1
         traces[i].add(result, row, count)
 
     # The first prompt repeats itself, so lookup proposes; the second does not, at first.
     generation = train.decode(pair.target, [[3, 4, 5, 3, 4, 5, 3, 4], [7, 8, 9]], draft=pair.draft,
                               drafter="lookup", verification=Verification("exact"), sampling=Sampling(1.0),
-                              draft_length=3, max_new_tokens=16, seed=0, on_tokens=on_tokens, on_round=on_round)
-    assert 0 < calls["rounds"] < calls["tokens"]  # speculative rounds, and steps of the target alone
+                              draft_length=3, max_new_tokens=16, seed=0, on_round=on_round)
+    assert calls["rounds"] > 0 and calls["steps"] > 0  # speculative rounds, and steps of the target alone
     for trace, tokens, stats in zip(traces, generation.tokens, generation.stats, strict=True):
         *_, kept, bonus = trace.tensors()
         assert len(bonus) == len(tokens) and int(bonus.sum()) == stats.target_tokens

@@ -72,7 +72,7 @@ def decode(
     seed: int = 0,
     profile: bool = False,
     on_tokens: Callable[[int, list[int]], None] | None = None,
-    on_round: Callable[[int, Round, int, int], None] | None = None,
+    on_round: Callable[[int, Round | None, int, int], None] | None = None,
     predictions: Sequence[Sequence[int] | None] | None = None,
     provenance: bool = False,
 ) -> Generation:
@@ -88,8 +88,9 @@ def decode(
     per-phase times of Generation.profile exact on a GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
-    on_round(i, round, row, count): called after each speculative round with prompt i's row in the Round
-    (what the verifier saw) and how many tokens it emitted (a trainer's capture: diversed.head.train).
+    on_round(i, round, row, count): called after each round with prompt i's row in the Round (what the
+    verifier saw; None for a step of the target alone) and how many tokens it emitted (a trainer's capture:
+    diversed.head.train).
     predictions: per prompt, the token ids its answer is expected to repeat, or None (Predicted Outputs: the
     "prediction" and "auto" drafters draft from them).
     provenance: record how each token was made (Generation.origins; diversed.decoding.provenance).
@@ -133,18 +134,18 @@ class Job:
     on_tokens(job, new) is called from the decoding loop with each round's new tokens (cut at EOS, the
     length limit or a stop string) and once more with [] if the job ends without new tokens (cancelled, or
     failed: `error` says why); job.stats.finish_reason says whether it is done ("eos", "stop", "length",
-    "cancelled" or "error"). on_round(job, round, row, count) is called after each speculative round with the
-    job's row of the Round and the tokens it emitted (what a trainer keeps). Set `cancelled` from any thread:
-    the job leaves the batch before the next round. prediction: the token ids the answer is expected to
-    repeat (Predicted Outputs), for the drafter. provenance: keep `origins`, how each token was made
-    (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them)."""
+    "cancelled" or "error"). on_round(job, round, row, count) is called after each round with the job's row of
+    the Round (None for a step of the target alone) and the tokens it emitted (what a trainer keeps). Set
+    `cancelled` from any thread: the job leaves the batch before the next round. prediction: the token ids the
+    answer is expected to repeat (Predicted Outputs), for the drafter. provenance: keep `origins`, how each
+    token was made (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them)."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
     max_new_tokens: int = 128
     stop: StopFn | None = None
     on_tokens: Callable[[Job, list[int]], None] | None = None
-    on_round: Callable[[Job, Round, int, int], None] | None = None
+    on_round: Callable[[Job, Round | None, int, int], None] | None = None
     cancelled: bool = False
     error: str = ""
     prediction: list[int] | None = None
@@ -315,8 +316,11 @@ class Batch:
         for row, (job, t) in enumerate(zip(self.jobs, token, strict=True)):
             job.stats.target_forwards += 1
             if not _failed(job, groups, row):
+                written = len(job.tokens)
                 job.emit([t], self.eos, origins=[target_origin(float(probs[row, t]), job.stats.target_forwards)]
                          if job.provenance else None)
+                if job.on_round is not None:
+                    job.on_round(job, None, row, len(job.tokens) - written)
         if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
             speed.observe_plain(seconds)
             speed.draft_length = speed.best_length()

@@ -156,27 +156,23 @@ class Trace:
     predicted it, p(y) and q(y) as the rule used them, TV(q, p), the FEATURES of the token drafted there
     (diversed.head.model: y itself where it was kept, the rejected draft where y is the correction) and
     whether it was kept. Training keeps its rollouts this way instead of running both models over them again,
-    through decode's on_tokens and on_round. A bonus token (drawn from p after a fully kept round, not from the
-    rule's target) had no draft: there the draft's state and the features are zeros, q(y) is p(y), TV is 0, and
+    through decode's on_round. A bonus token (drawn from p after a fully kept round, not from the rule's
+    target) had no draft: there the draft's state and the features are zeros, q(y) is p(y), TV is 0, and
     `bonus` is true. So are the tokens of a step of the target alone (a round in which no copying drafter
     proposed anything for any row), but for p(y), not seen there, and the target's state: zeros too (nothing
     reads them at a bonus token)."""
 
-    target_hidden: int  # the target's hidden size: the width of its state at tokens no round traced
+    target_hidden: int  # the target's hidden size: the width of its (zero) state at a step of the target alone
     device: torch.device
     parts: list[tuple[Tensor, ...]] = field(default_factory=list)
-    untraced: int = 0  # tokens emitted last that no speculative round has traced (yet)
 
-    def emitted(self, count: int) -> None:
-        """A round emitted `count` tokens (decode's on_tokens, before on_round): a speculative round traces
-        them next (add); those it does not were written by a step of the target alone."""
-        self._fill_untraced()
-        self.untraced = count
-
-    def add(self, result: Round, row: int, count: int) -> None:
-        """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token)."""
-        self.untraced = max(self.untraced - count, 0)  # 0 where `emitted` is not called: every round traced
+    def add(self, result: Round | None, row: int, count: int) -> None:
+        """The first `count` tokens that `row` emitted in this round (its kept drafts, then the next token);
+        result None: a step of the target alone."""
         if count == 0:
+            return
+        if result is None:
+            self._add_target_step(count)
             return
         kept, drafted = int(result.verdict.num_accepted[row]), int(result.lengths[row])
         tokens = torch.cat([result.drafts[row, :kept], result.verdict.next_token[row:row + 1]])[:count]
@@ -197,21 +193,19 @@ class Trace:
         self.parts.append((h_draft, result.h_target[row, :count], p_y, q_y, tv, features, position < kept,
                            position >= scored))
 
-    def _fill_untraced(self) -> None:
-        """Trace the untraced tokens as bonus tokens of zeros (the draft's state as wide as the others')."""
-        if self.untraced:
-            n, width, device = self.untraced, self.parts[-1][0].shape[-1] if self.parts else 0, self.device
-            zeros = torch.zeros(n, device=device)
-            self.parts.append((torch.zeros(n, width, device=device), torch.zeros(n, self.target_hidden, device=device),
-                               zeros, zeros, zeros, torch.zeros(n, len(FEATURES), device=device),
-                               torch.zeros(n, dtype=torch.bool, device=device),
-                               torch.ones(n, dtype=torch.bool, device=device)))
-            self.untraced = 0
+    def _add_target_step(self, n: int) -> None:
+        """Trace n tokens of a step of the target alone as bonus tokens of zeros (the draft's state as wide as
+        the others')."""
+        width, device = self.parts[-1][0].shape[-1] if self.parts else 0, self.device
+        zeros = torch.zeros(n, device=device)
+        self.parts.append((torch.zeros(n, width, device=device), torch.zeros(n, self.target_hidden, device=device),
+                           zeros, zeros, zeros, torch.zeros(n, len(FEATURES), device=device),
+                           torch.zeros(n, dtype=torch.bool, device=device),
+                           torch.ones(n, dtype=torch.bool, device=device)))
 
     def tensors(self) -> tuple[Tensor, ...]:
         """h_draft [T, d_draft], h_target [T, d_target], p_y, q_y, tv [T], features [T, 5], kept and bonus [T]
         over the job's T tokens."""
-        self._fill_untraced()
         if not self.parts:
             raise ValueError("the trace is empty: the job emitted no token")
         return tuple(torch.cat(column) for column in zip(*self.parts, strict=True))
@@ -234,7 +228,6 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                         eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
                         predictions=None if predictions is None else [p for p in predictions for _ in range(k)],
-                        on_tokens=lambda i, new: traces[i].emitted(len(new)),
                         on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]

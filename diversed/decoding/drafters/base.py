@@ -90,8 +90,8 @@ class Drafter(Protocol):
 PRIOR = (1.0, 5.0)
 # A copy that has gone on for LONG_RUN tokens is its own kind of proposal, by how long (16-63, 64 and more),
 # whatever started it: a file sent back with one change is copied for hundreds of tokens. Such a kind starts
-# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py --long, its rule the worst
-# workload's speedup): short answers (GSM8K) lose more to an optimistic prior than file edits gain.
+# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py --long): its rule maximises
+# the worst workload's speedup, and GSM8K, the worst, is faster at (1, 1) than at more optimistic priors.
 LONG_RUN = 16
 RUN_PRIOR = (1.0, 1.0)
 
@@ -100,7 +100,7 @@ class Acceptance:
     """The running acceptance of point-mass drafts, per kind of proposal (a drafter's `bucket`: how long a
     match it copies from, how the last proposal did): decayed counts of kept drafts and rejections, the
     maximum-likelihood estimate for geometric runs, each kind starting from `prior` pseudo-counts (kept,
-    rejected).
+    rejected), the kinds of long runs (("run", ...)) from `run_prior`.
 
     It learns from every round, drafted or not: a proposal is compared with what the row then wrote. Where the
     proposal was verified, that is what the rule kept; where the target decided alone, a token drawn from p
@@ -111,7 +111,8 @@ class Acceptance:
                  decay: float = 0.95) -> None:
         self.counts: dict[tuple, list[float]] = {}
         self.prior, self.decay = prior, decay
-        self.run_prior = RUN_PRIOR if run_prior is None else run_prior  # the kinds of long runs' ("run", ...)
+        # None: RUN_PRIOR as it is now (read here, not at import, so that a replay can set it)
+        self.run_prior = RUN_PRIOR if run_prior is None else run_prior
 
     def _prior(self, bucket: tuple) -> tuple[float, float]:
         return self.run_prior if bucket[0] == "run" else self.prior
