@@ -141,6 +141,7 @@ def speedup_table(runs: dict[str, list], timed: VerifyCosts, candidates: list[tu
     print("| prior (kept, rejected) | " + " | ".join(runs) + " | worst |")
     print("|---" * (len(runs) + 2) + "|")
     table = {}
+    plain = {name: sum(plain_seconds(ids, text, timed) for ids, text, _ in items) for name, items in runs.items()}
     for prior in candidates:
         if long:
             prediction_drafter.RUN_PRIOR = prior
@@ -148,8 +149,7 @@ def speedup_table(runs: dict[str, list], timed: VerifyCosts, candidates: list[tu
                 base.RUN_PRIOR = prior
         speedups = {}
         for name, items in runs.items():
-            plain = sum(plain_seconds(ids, text, timed) for ids, text, _ in items)
-            speedups[name] = plain / sum(replay(ids, text, timed, base.PRIOR if long else prior, prediction,
+            speedups[name] = plain[name] / sum(replay(ids, text, timed, base.PRIOR if long else prior, prediction,
                                                 tile=tile) for ids, text, prediction in items)
         table[str(prior)] = speedups
         print(f"| {prior} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())
