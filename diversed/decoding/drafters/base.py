@@ -107,12 +107,10 @@ class Acceptance:
     equals a proposed x with probability p(x), exact verification's acceptance of a point mass, so the
     estimate stays unbiased for exact (and conservative for relaxed rules) without drafting to learn."""
 
-    def __init__(self, prior: tuple[float, float] = PRIOR, run_prior: tuple[float, float] | None = None,
+    def __init__(self, prior: tuple[float, float] = PRIOR, run_prior: tuple[float, float] = RUN_PRIOR,
                  decay: float = 0.95) -> None:
         self.counts: dict[tuple, list[float]] = {}
-        self.prior, self.decay = prior, decay
-        # None: RUN_PRIOR as it is now (read here, not at import, so that a replay can set it)
-        self.run_prior = RUN_PRIOR if run_prior is None else run_prior
+        self.prior, self.run_prior, self.decay = prior, run_prior, decay
 
     def _prior(self, bucket: tuple) -> tuple[float, float]:
         return self.run_prior if bucket[0] == "run" else self.prior

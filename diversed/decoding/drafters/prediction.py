@@ -63,15 +63,15 @@ class Prediction:
 
 
 class PredictionDrafter(CopyDrafter):
-    """Each row's prediction (rows without one propose nothing)."""
+    """Each row's prediction (rows without one propose nothing); its long runs start from `run_prior`."""
 
     name = "prediction"
 
-    def __init__(self) -> None:
+    def __init__(self, run_prior: tuple[float, float] = RUN_PRIOR) -> None:
         self.predictions: list[Prediction | None] = []
         self.outcomes: list[str] = []
         super().__init__()
-        self.acceptance = Acceptance(PRIOR, RUN_PRIOR)
+        self.acceptance = Acceptance(PRIOR, run_prior)
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.predictions.append(Prediction(prediction) if prediction else None)
