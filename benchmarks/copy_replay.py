@@ -26,6 +26,9 @@ Its rule, written 2026-12-06 before the run it decides (the worst-workload rule 
 "never slower than plain", with a margin no replay noise needs; among them the best geometric mean speedup
 over the workloads (file edits count twice, with and without the prediction: two ways they are sent);
 ties (3 decimals) to the more pessimistic prior; if no candidate clears the floor, the best worst workload.
+Last (rule added 2026-12-06, before its run, after a round-by-round replay showed a prediction's short
+proposals breaking in 43 of 124 rounds), the prior of a prediction's other proposals (prediction.PRIOR, by
+hand until then: (4, 1)), by the same rule over file-edit+prediction, with both run priors at their choices.
 
 `--costs REPORT` prices the replays with the verify costs an earlier run of this script or of edit_replay.py
 timed (no model timed); `--tile N` replays with that tile (1: every width weighed).
@@ -57,6 +60,7 @@ from diversed.tasks import get_task
 # (kept, rejected) pseudo-counts per kind of proposal; (1, 1) was the default before this replay.
 PRIORS = [(1.0, 1.0), (1.0, 2.0), (1.0, 3.0), (0.5, 1.5), (2.0, 4.0), (1.0, 5.0)]
 RUN_PRIORS = [(1.0, 5.0), (1.0, 1.0), (4.0, 1.0), (16.0, 1.0), (64.0, 1.0)]
+PREDICTION_PRIORS = [(1.0, 5.0), (1.0, 3.0), (1.0, 1.0), (4.0, 1.0), (16.0, 1.0)]
 WORKLOADS = {"mbpp-edit": 6, "mbpp-edit-2turn": 4, "gsm8k": 4, "mbpp": 4}
 LONG_WORKLOADS = {"humaneval": 6, "file-edit": 6}
 FLOOR = 0.99  # --long: the least replayed speedup over plain a candidate may have on any workload
@@ -66,6 +70,7 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
            prediction: list[int] | None = None, told_breaks: bool = False,
            memory: dict[int, list[float]] | None = None, rounds: list[tuple[int, int, int, str]] | None = None,
            tile: int = LlamaCppModel.pass_tile, run_prior: tuple[float, float] = base.RUN_PRIOR,
+           prediction_prior: tuple[float, float] = predicted.PRIOR,
            prediction_run_prior: tuple[float, float] = predicted.RUN_PRIOR) -> float:
     """Seconds of decode passes the copying drafters would spend writing `text` after `prompt` (with a
     prediction, the prediction drafter first, as the auto drafter takes them). told_breaks: each round's width
@@ -79,10 +84,11 @@ def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[
     learned in `memory` for the next text. `tile`: the speed model's (SpeedModel), llama.cpp's pass_tile
     unless told otherwise. `rounds`, if given, gets each round's (context, drafts, kept,
     drafter) appended, the drafter's name "" where nothing was proposed. The copying drafters start from
-    `prior` and `run_prior` (Acceptance), the prediction drafter's long runs from `prediction_run_prior`."""
+    `prior` and `run_prior` (Acceptance), the prediction drafter from `prediction_prior` and
+    `prediction_run_prior`."""
     drafters = [LookupDrafter(), SuffixDrafter(SuffixCache())]
     if prediction is not None:
-        drafters.insert(0, PredictionDrafter(prediction_run_prior))
+        drafters.insert(0, PredictionDrafter(prediction_prior, prediction_run_prior))
     longest = DEFAULT_DRAFTING["llama.cpp"].maximum
     speed = SpeedModel(longest, tile=tile)
     if memory is not None:
@@ -218,8 +224,15 @@ def main() -> None:
         only = {"file-edit+prediction": runs["file-edit+prediction"]}
         settings = {str(p): {"run_prior": chosen, "prediction_run_prior": p} for p in RUN_PRIORS}
         report["prediction_speedups"] = speedup_table(only, timed, settings, args.tile)
-        report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, True)
-        print(f"chosen for predictions: {report['prediction_chosen']}")
+        run = report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, True)
+        print(f"chosen for predictions: {run}")
+        print(f"\nwith the run priors at {chosen} and {run}, the prior of a prediction's other proposals "
+              "(prediction.PRIOR):")
+        settings = {str(p): {"run_prior": chosen, "prediction_run_prior": run, "prediction_prior": p}
+                    for p in PREDICTION_PRIORS}
+        report["prediction_prior_speedups"] = speedup_table(only, timed, settings, args.tile)
+        report["prediction_prior_chosen"] = choose(report["prediction_prior_speedups"], PREDICTION_PRIORS, True)
+        print(f"chosen for a prediction's other proposals: {report['prediction_prior_chosen']}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

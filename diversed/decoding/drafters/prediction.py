@@ -63,15 +63,16 @@ class Prediction:
 
 
 class PredictionDrafter(CopyDrafter):
-    """Each row's prediction (rows without one propose nothing); its long runs start from `run_prior`."""
+    """Each row's prediction (rows without one propose nothing); its proposals start from `prior`, its long
+    runs from `run_prior` (Acceptance)."""
 
     name = "prediction"
 
-    def __init__(self, run_prior: tuple[float, float] = RUN_PRIOR) -> None:
+    def __init__(self, prior: tuple[float, float] = PRIOR, run_prior: tuple[float, float] = RUN_PRIOR) -> None:
         self.predictions: list[Prediction | None] = []
         self.outcomes: list[str] = []
         super().__init__()
-        self.acceptance = Acceptance(PRIOR, run_prior)
+        self.acceptance = Acceptance(prior, run_prior)
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.predictions.append(Prediction(prediction) if prediction else None)
