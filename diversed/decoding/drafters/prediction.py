@@ -14,11 +14,11 @@ from difflib import SequenceMatcher
 from diversed.decoding.drafters.base import Acceptance, Candidate, CopyDrafter, run_bucket
 from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcome
 
-# A prediction is the user's word that the answer repeats it: a proposal from one starts as if 4 of 5 had been
-# kept (copying drafters start at 1 of 6), so that it is drafted from the first round. A long run of it starts
-# from RUN_PRIOR: chosen by replay on the workload that has predictions (benchmarks/copy_replay.py --long),
-# with the copying drafters' base.RUN_PRIOR at its own choice (the priors from 1 of 2 to 16 of 17 tied there).
-PRIOR = (4.0, 1.0)
+# A prediction is the user's word that the answer repeats it: a proposal from one starts as if 1 of 2 had been
+# kept (copying drafters start at 1 of 6), a long run of it from RUN_PRIOR. Both chosen by replay on the
+# workload that has predictions (benchmarks/copy_replay.py --long), with the copying drafters' base.RUN_PRIOR
+# at its own choice: more optimism broke more drafts where the answer departs from the file.
+PRIOR = (1.0, 1.0)
 RUN_PRIOR = (1.0, 1.0)
 SURE_RUN = 4  # tokens of agreement after which a place is sure enough to look forward from
 
