@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
+from statistics import geometric_mean
 
 from drafters_speed import VerifyCosts, token_ids, verify_costs
 
@@ -150,7 +150,8 @@ def greedy_texts(pair, workloads: dict[str, int], tokens: int, long_tokens: int)
 def speedup_table(runs: dict[str, list], timed: VerifyCosts, settings: dict[str, dict[str, tuple[float, float]]],
                   tile: int) -> dict[str, dict[str, float]]:
     """Each setting's speedup per workload (plain decode time over replayed, pooled), printed as a table. A
-    setting is named priors for the replays (prior, run_prior, prediction_run_prior), under its label."""
+    setting is named priors for the replays (prior, run_prior, prediction_prior, prediction_run_prior),
+    under its label."""
     print("| prior (kept, rejected) | " + " | ".join(runs) + " | worst | geometric mean |")
     print("|---" * (len(runs) + 3) + "|")
     table = {}
@@ -162,11 +163,6 @@ def speedup_table(runs: dict[str, list], timed: VerifyCosts, settings: dict[str,
         print(f"| {label} | " + " | ".join(f"{s:.3f}x" for s in speedups.values())
               + f" | {min(speedups.values()):.3f}x | {geometric_mean(speedups.values()):.3f}x |", flush=True)
     return table
-
-
-def geometric_mean(values) -> float:
-    values = list(values)
-    return math.prod(values) ** (1 / len(values))
 
 
 def choose(table: dict[str, dict[str, float]], candidates: list[tuple[float, float]], long: bool
