@@ -14,21 +14,20 @@ worst-workload speedup (plain decode time over replayed decode time, pooled with
 ties going to the more pessimistic prior. The texts are the target's greedy answers (192 tokens at most) on
 llama.cpp; the costs are the verify passes timed at the start of the run.
 
-`--long`: the prior of long runs (base.RUN_PRIOR, the kinds ("run", 16) and ("run", 64)) over the same
-workloads plus HumanEval train (the code a HumanEval prompt asks for repeats its own lines) and whole-file edits
-(file-edit train, answers of up to 1,024 tokens, replayed with and without the file as prediction:
-`file-edit+prediction`); the base prior stays base.PRIOR, and a prediction's long runs take each candidate too
-(one prior for every drafter). Then, with base.RUN_PRIOR at its choice, the prior of a prediction's long runs
-(prediction.RUN_PRIOR) by the same rule over the one workload that has predictions, file-edit+prediction.
-Its rule, written 2026-12-06 before the run it decides (the worst-workload rule of the base prior chose
-(1, 1) three times on the EPYC for a 0.9% GSM8K gain in replay that real GSM8K answers never showed, losing
-5.7% on file edits): the candidates whose replayed speedup is at least FLOOR (0.99x plain) on every workload,
-"never slower than plain", with a margin no replay noise needs; among them the best geometric mean speedup
-over the workloads (file edits count twice, with and without the prediction: two ways they are sent);
-ties (3 decimals) to the more pessimistic prior; if no candidate clears the floor, the best worst workload.
-Last (rule added 2026-12-06, before its run, after a round-by-round replay showed a prediction's short
-proposals breaking in 43 of 124 rounds), the prior of a prediction's other proposals (prediction.PRIOR, by
-hand until then: (4, 1)), by the same rule over file-edit+prediction, with both run priors at their choices.
+`--long`: the priors of long runs (base.RUN_PRIOR, the kinds ("run", 16) and ("run", 64)) and a prediction's two
+priors (prediction.PRIOR, prediction.RUN_PRIOR) over the same workloads plus HumanEval train (the code a
+HumanEval prompt asks for repeats its own lines) and whole-file edits (file-edit train, answers of up to 1,024
+tokens, replayed with and without the file as prediction: `file-edit+prediction`); the base prior stays
+base.PRIOR. Each choice takes, among the candidates whose replayed speedup is at least FLOOR (0.99x plain) on
+every workload ("never slower than plain", with a margin no replay noise needs), the best geometric mean speedup
+over the workloads (file edits count twice: two ways they are sent), ties (3 decimals) to the more pessimistic
+priors; if no candidate clears the floor, the best worst workload. The rule, written 2026-12-06 before its run
+(it replaces three stages run one after another, whose answers depended on their order and on the module's
+defaults for what a stage did not vary): alternate (A) base.RUN_PRIOR over every workload, a prediction's two
+priors held at their current choice, and (B) a prediction's two priors together, every pair of
+PREDICTION_PRIORS x RUN_PRIORS over file-edit+prediction, base.RUN_PRIOR at A's choice; start from the shipped
+values and stop when a round chooses what the round before it did (a fixed point), or after ROUNDS rounds (then
+the last round's choice).
 
 `--costs REPORT` prices the replays with the verify costs an earlier run of this script or of edit_replay.py
 timed (no model timed); `--tile N` replays with that tile (1: every width weighed).
@@ -57,6 +56,8 @@ from diversed.models.loading import load_pair
 from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task
 
+Prior = tuple[float, float]  # (kept, rejected) pseudo-counts
+
 # (kept, rejected) pseudo-counts per kind of proposal; (1, 1) was the default before this replay.
 PRIORS = [(1.0, 1.0), (1.0, 2.0), (1.0, 3.0), (0.5, 1.5), (2.0, 4.0), (1.0, 5.0)]
 RUN_PRIORS = [(1.0, 5.0), (1.0, 1.0), (4.0, 1.0), (16.0, 1.0), (64.0, 1.0)]
@@ -64,6 +65,7 @@ PREDICTION_PRIORS = [(1.0, 5.0), (1.0, 3.0), (1.0, 1.0), (4.0, 1.0), (16.0, 1.0)
 WORKLOADS = {"mbpp-edit": 6, "mbpp-edit-2turn": 4, "gsm8k": 4, "mbpp": 4}
 LONG_WORKLOADS = {"humaneval": 6, "file-edit": 6}
 FLOOR = 0.99  # --long: the least replayed speedup over plain a candidate may have on any workload
+ROUNDS = 4  # --long: rounds of the alternation at most
 
 
 def replay(prompt: list[int], text: list[int], costs: VerifyCosts, prior: tuple[float, float] = base.PRIOR,
@@ -165,25 +167,58 @@ def speedup_table(runs: dict[str, list], timed: VerifyCosts, settings: dict[str,
     return table
 
 
-def choose(table: dict[str, dict[str, float]], candidates: list[tuple[float, float]], long: bool
-           ) -> tuple[float, float]:
+def optimism(candidate: Prior | tuple[Prior, Prior]) -> float:
+    """A candidate's prior rate of kept proposals (summed over a pair of priors): ties go to the lowest."""
+    priors = candidate if isinstance(candidate[0], tuple) else (candidate,)
+    return sum(kept / (kept + rejected) for kept, rejected in priors)
+
+
+def choose(table: dict[str, dict[str, float]], candidates: list, long: bool):
     """The rule of the module's docstring. Without `long`: the best worst-workload speedup (to 3 decimals). With
     it: among the candidates at FLOOR or above on every workload (all, if none is), the best geometric mean
-    (to 3 decimals). Ties go to the more pessimistic prior (lower prior rate)."""
-    def worst(p: tuple[float, float]) -> float:
-        return round(min(table[str(p)].values()), 3)
+    (to 3 decimals). Ties go to the more pessimistic candidate (lower prior rate)."""
+    def worst(c) -> float:
+        return round(min(table[str(c)].values()), 3)
 
     if not long:
-        return max(candidates, key=lambda p: (worst(p), -p[0] / sum(p)))
-    eligible = [p for p in candidates if worst(p) >= FLOOR] or candidates
-    return max(eligible, key=lambda p: (round(geometric_mean(table[str(p)].values()), 3), -p[0] / sum(p)))
+        return max(candidates, key=lambda c: (worst(c), -optimism(c)))
+    eligible = [c for c in candidates if worst(c) >= FLOOR] or candidates
+    return max(eligible, key=lambda c: (round(geometric_mean(table[str(c)].values()), 3), -optimism(c)))
+
+
+def choose_long(runs: dict[str, list], timed: VerifyCosts, tile: int) -> dict:
+    """`--long`'s alternation (the module's docstring): the rounds' tables and choices, the last choice."""
+    run_prior, prediction_priors = base.RUN_PRIOR, (predicted.PRIOR, predicted.RUN_PRIOR)
+    only = {"file-edit+prediction": runs["file-edit+prediction"]}
+    pairs = [(p, r) for p in PREDICTION_PRIORS for r in RUN_PRIORS]
+    rounds = []
+    for number in range(1, ROUNDS + 1):
+        print(f"\nround {number}, (A) base.RUN_PRIOR; a prediction's (PRIOR, RUN_PRIOR) at {prediction_priors}:")
+        settings = {str(r): {"run_prior": r, "prediction_prior": prediction_priors[0],
+                             "prediction_run_prior": prediction_priors[1]} for r in RUN_PRIORS}
+        table_a = speedup_table(runs, timed, settings, tile)
+        chosen_run = choose(table_a, RUN_PRIORS, True)
+        print(f"\nround {number}, (B) a prediction's (PRIOR, RUN_PRIOR); base.RUN_PRIOR at {chosen_run}:")
+        settings = {str(pair): {"run_prior": chosen_run, "prediction_prior": pair[0], "prediction_run_prior": pair[1]}
+                    for pair in pairs}
+        table_b = speedup_table(only, timed, settings, tile)
+        chosen_pair = choose(table_b, pairs, True)
+        print(f"round {number} chose base.RUN_PRIOR = {chosen_run}, prediction (PRIOR, RUN_PRIOR) = {chosen_pair}")
+        rounds.append({"run_prior_speedups": table_a, "run_prior": chosen_run,
+                       "prediction_speedups": table_b, "prediction_priors": chosen_pair})
+        if (chosen_run, chosen_pair) == (run_prior, prediction_priors):
+            break
+        run_prior, prediction_priors = chosen_run, chosen_pair
+    return {"rounds": rounds, "fixed_point": (chosen_run, chosen_pair) == (run_prior, prediction_priors),
+            "run_prior": chosen_run, "prediction_prior": chosen_pair[0], "prediction_run_prior": chosen_pair[1]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--long", action="store_true",
-                        help="choose the priors of long runs (base.RUN_PRIOR, then prediction.RUN_PRIOR)")
+                        help="choose the priors of long runs and a prediction's (base.RUN_PRIOR, "
+                             "prediction.PRIOR and RUN_PRIOR)")
     parser.add_argument("--texts", type=Path, help="the greedy texts: read if the file exists, else made and written")
     parser.add_argument("--costs", type=Path, help="an earlier run's report: price with its timed costs")
     parser.add_argument("--tile", type=int, default=LlamaCppModel.pass_tile,
@@ -208,27 +243,13 @@ def main() -> None:
     runs = {name: [(ids, text, None) for ids, text, _ in items] for name, items in texts.items()}
     if args.long:
         runs["file-edit+prediction"] = texts["file-edit"]
-        settings = {str(p): {"run_prior": p, "prediction_run_prior": p} for p in RUN_PRIORS}
+        report |= choose_long(runs, timed, args.tile)
+        print(f"\nchosen: base.RUN_PRIOR = {report['run_prior']}, prediction.PRIOR = {report['prediction_prior']}, "
+              f"prediction.RUN_PRIOR = {report['prediction_run_prior']} (fixed point: {report['fixed_point']})")
     else:
-        settings = {str(p): {"prior": p} for p in PRIORS}
-    candidates = RUN_PRIORS if args.long else PRIORS
-    report["speedups"] = speedup_table(runs, timed, settings, args.tile)
-    chosen = report["chosen"] = choose(report["speedups"], candidates, args.long)
-    print(f"chosen: {chosen}")
-    if args.long:  # the prior of a prediction's long runs, on the workload that has predictions
-        print(f"\nwith base.RUN_PRIOR = {chosen}, the prior of a prediction's long runs (prediction.RUN_PRIOR):")
-        only = {"file-edit+prediction": runs["file-edit+prediction"]}
-        settings = {str(p): {"run_prior": chosen, "prediction_run_prior": p} for p in RUN_PRIORS}
-        report["prediction_speedups"] = speedup_table(only, timed, settings, args.tile)
-        run = report["prediction_chosen"] = choose(report["prediction_speedups"], candidates, True)
-        print(f"chosen for predictions: {run}")
-        print(f"\nwith the run priors at {chosen} and {run}, the prior of a prediction's other proposals "
-              "(prediction.PRIOR):")
-        settings = {str(p): {"run_prior": chosen, "prediction_run_prior": run, "prediction_prior": p}
-                    for p in PREDICTION_PRIORS}
-        report["prediction_prior_speedups"] = speedup_table(only, timed, settings, args.tile)
-        report["prediction_prior_chosen"] = choose(report["prediction_prior_speedups"], PREDICTION_PRIORS, True)
-        print(f"chosen for a prediction's other proposals: {report['prediction_prior_chosen']}")
+        report["speedups"] = speedup_table(runs, timed, {str(p): {"prior": p} for p in PRIORS}, args.tile)
+        print(f"chosen: {(chosen := choose(report['speedups'], PRIORS, False))}")
+        report["chosen"] = chosen
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 
