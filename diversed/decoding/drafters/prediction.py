@@ -16,10 +16,10 @@ from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcom
 
 # A prediction is the user's word that the answer repeats it: a proposal from one starts as if 1 of 2 had been
 # kept (copying drafters start at 1 of 6), a long run of it from RUN_PRIOR. Both chosen by replay on the
-# workload that has predictions (benchmarks/copy_replay.py --long), with the copying drafters' base.RUN_PRIOR
-# at its own choice: more optimism broke more drafts where the answer departs from the file.
+# workload that has predictions, jointly and alternating with the copying drafters' base.RUN_PRIOR
+# (benchmarks/copy_replay.py --long): more optimism broke more drafts where the answer departs from the file.
 PRIOR = (1.0, 1.0)
-RUN_PRIOR = (1.0, 1.0)
+RUN_PRIOR = (64.0, 1.0)
 SURE_RUN = 4  # tokens of agreement after which a place is sure enough to look forward from
 
 
