@@ -434,14 +434,14 @@ def synthetic_rows(verification: str, accepted: int, rewards: list[float]) -> li
 
 
 def test_static_curve_is_interpolated_between_its_weights_and_never_extrapolated():
-    from diversed.evaluation.report import static_curve_quality
+    from diversed.evaluation.report import curve_quality
 
     exact = synthetic_rows("exact", 8, [1, 1, 1, 0, 0])  # acceptance 0.8, quality 0.6
     lenient = synthetic_rows("static:0.5", 9, [1, 1, 0, 0, 0])  # acceptance 0.9, quality 0.4
-    assert static_curve_quality([lenient, exact], 0.85) == pytest.approx(0.5)
-    assert static_curve_quality([exact, lenient], 0.8) == pytest.approx(0.6)
-    assert static_curve_quality([exact, lenient], 0.95) is None and static_curve_quality([exact, lenient], 0.7) is None
-    assert static_curve_quality([exact], 0.8) is None and static_curve_quality([exact, lenient], None) is None
+    assert curve_quality([lenient, exact], 0.85) == pytest.approx(0.5)
+    assert curve_quality([exact, lenient], 0.8) == pytest.approx(0.6)
+    assert curve_quality([exact, lenient], 0.95) is None and curve_quality([exact, lenient], 0.7) is None
+    assert curve_quality([exact], 0.8) is None and curve_quality([exact, lenient], None) is None
 
 
 def test_a_verification_off_the_static_curve_is_compared_with_it_at_its_own_acceptance():
@@ -462,8 +462,8 @@ def test_a_verification_off_the_static_curve_is_compared_with_it_at_its_own_acce
     assert summarize_results(rows, verifications) == list(by_verification.values())  # fixed seed: repeatable
 
 
-def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_drawn(tmp_path):
-    from diversed.evaluation.report import plot_tradeoffs
+def test_a_head_is_compared_with_every_familys_curve_and_every_family_is_drawn(tmp_path):
+    from diversed.evaluation.report import markdown_table, plot_tradeoffs
 
     verifications = ["plain", "exact", "lossy:0.9", "cactus:1", "diversed:head"]
     rewards = [1, 1, 1, 0, 0, 1, 0, 1, 0, 1]
@@ -478,6 +478,11 @@ def test_a_head_is_compared_with_the_lenience_curve_too_and_every_family_is_draw
     head = summaries[-1]
     assert head["quality_vs_lossy"] == pytest.approx(0.3) and head["quality_vs_static"] is None  # no static ran
     assert summaries[3]["quality_vs_lossy"] is not None  # cactus, on the lenience curve's range
+    # cactus:1 ran (one point, acceptance 0.9, quality 0): its curve from exact is 0.3 at the head's 0.85.
+    assert head["quality_vs_cactus"] == pytest.approx(0.3) and head["quality_vs_lossy_entropy"] is None
+    header = markdown_table(summaries, "pass@1").splitlines()[0]
+    assert "| vs static curve (95% CI) | vs lenience curve (95% CI) | vs cactus curve (95% CI) | tau |" in header
+    assert "+30.0" in markdown_table(summaries, "pass@1").splitlines()[-1]
     paths = plot_tradeoffs(summaries, tmp_path, "pass@1")
     assert {p.stem for p in paths} >= {"quality_vs_acceptance", "quality_vs_time"}
 

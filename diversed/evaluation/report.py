@@ -16,10 +16,17 @@ from scipy.stats import binomtest, norm, sem
 COLUMNS = ("method", "examples", "quality", "quality_low", "quality_high", "quality_vs_plain", "quality_vs_plain_low",
            "quality_vs_plain_high", "acceptance_rate", "rejection_vs_exact", "rejection_vs_exact_low",
            "rejection_vs_exact_high", "quality_vs_static", "quality_vs_static_low", "quality_vs_static_high",
-           "quality_vs_lossy", "quality_vs_lossy_low", "quality_vs_lossy_high", "tau",
+           "quality_vs_lossy", "quality_vs_lossy_low", "quality_vs_lossy_high", "quality_vs_cactus",
+           "quality_vs_cactus_low", "quality_vs_cactus_high", "quality_vs_lossy_entropy",
+           "quality_vs_lossy_entropy_low", "quality_vs_lossy_entropy_high", "tau",
            "tokens_per_s", "speedup", "new_tokens", "time_per_example", "time_per_example_low",
            "time_per_example_high", "time_speedup", "time_speedup_low", "time_speedup_high")
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+# Training-free families: curves through their points, each from exact (its strictest end: w = 1, L = 0, a
+# budget of 0) by its parameter (the letter the pictures annotate points with); a verification off a family is
+# compared with its curve at its own acceptance (summary key quality_vs_<family>, "-" as "_").
+FAMILIES = {"static": ("w", "tab:blue"), "lossy": ("L", "tab:orange"), "cactus": ("d", "tab:brown"),
+            "lossy-entropy": ("L", "tab:olive")}
 
 
 def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> list[dict]:
@@ -35,9 +42,10 @@ def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> lis
     (resampling examples, fixed seed): quality_vs_plain, the difference in mean reward from plain's;
     rejection_vs_exact, the verification's rejection rate (1 - acceptance) over exact's (0.5 = half as many
     drafts rejected); quality_vs_static, for a verification off the static curve (DIVERSED, lossy, ...), its
-    quality minus the static ensemble's at the same acceptance (static_curve_quality); quality_vs_lossy, the
-    same against the lenience curve (exact and the lossy:L that ran); time_speedup, plain's total wall time over
-    the verification's on the same examples (speedup from time per example).
+    quality minus the static ensemble's at the same acceptance (curve_quality), and quality_vs_lossy,
+    quality_vs_cactus, quality_vs_lossy_entropy the same against each other family's curve (exact and the
+    family's points that ran); time_speedup, plain's total wall time over the verification's on the same
+    examples (speedup from time per example).
     """
     summaries = []
     for verification in verifications:
@@ -58,15 +66,14 @@ def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> lis
             **dict(zip(("time_per_example_low", "time_per_example_high"), _normal_interval(times), strict=True))})
     plain = next((s for s in summaries if s["method"] == "plain"), None)
     by_verification = {m: {r["example"]: r for r in rows if r["verification"] == m} for m in verifications}
-    curve = [m for m in verifications if _on_static_curve(m)]
-    lenience = [m for m in verifications if m == "exact" or m.startswith("lossy:")]
+    curves = [(curve_key(family), [m for m in verifications if m == "exact" or m.partition(":")[0] == family])
+              for family in FAMILIES]
     for s in summaries:
         s["speedup"] = s["tokens_per_s"] / plain["tokens_per_s"] if plain else None
         verification = s["method"]
         for key, others, statistic in (("quality_vs_plain", ["plain"], _quality_difference),
                                        ("rejection_vs_exact", ["exact"], _rejection_ratio),
-                                       ("quality_vs_static", curve, _quality_above_static_curve),
-                                       ("quality_vs_lossy", lenience, _quality_above_static_curve),
+                                       *((key, curve, _quality_above_curve) for key, curve in curves),
                                        ("time_speedup", ["plain"], _time_speedup)):
             compared = (_paired_bootstrap({m: by_verification[m] for m in [verification, *others]},
                                           partial(statistic, verification, others))
@@ -133,16 +140,21 @@ def _time_speedup(verification: str, others: list[str], rows: dict[str, list[dic
     return sum(r["wall_time"] for r in rows[others[0]]) / mine if mine else None
 
 
-def _quality_above_static_curve(verification: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
-    """The verification's quality minus the curve's (static's, or any family's through exact) at its acceptance."""
-    static = static_curve_quality([rows[m] for m in curve], _acceptance(rows[verification]))
-    return None if static is None else _mean_reward(rows[verification]) - static
+def curve_key(family: str) -> str:
+    """The summary key of the comparison with a family's curve: quality_vs_static, ..., quality_vs_lossy_entropy."""
+    return "quality_vs_" + family.replace("-", "_")
 
 
-def static_curve_quality(curve: Sequence[list[dict]], acceptance: float | None) -> float | None:
-    """The static ensemble's quality at this acceptance rate: linear between the two measured weights whose
-    acceptance rates enclose it (each verification's rows give one point: acceptance over all its drafts, mean
-    reward); None outside the measured range, which is never extrapolated. Exact is the curve's w = 1 end."""
+def _quality_above_curve(verification: str, curve: list[str], rows: dict[str, list[dict]]) -> float | None:
+    """The verification's quality minus the curve's (a family's, through exact) at its acceptance."""
+    quality = curve_quality([rows[m] for m in curve], _acceptance(rows[verification]))
+    return None if quality is None else _mean_reward(rows[verification]) - quality
+
+
+def curve_quality(curve: Sequence[list[dict]], acceptance: float | None) -> float | None:
+    """A family's quality at this acceptance rate: linear between the two measured points whose acceptance
+    rates enclose it (each verification's rows give one point: acceptance over all its drafts, mean reward);
+    None outside the measured range, which is never extrapolated. Exact is every curve's strict end."""
     points = sorted((a, _mean_reward(rows)) for rows in curve if (a := _acceptance(rows)) is not None)
     if acceptance is None or len(points) < 2 or not points[0][0] <= acceptance <= points[-1][0]:
         return None
@@ -150,15 +162,6 @@ def static_curve_quality(curve: Sequence[list[dict]], acceptance: float | None) 
         if a0 <= acceptance <= a1:
             return q0 if a1 == a0 else q0 + (q1 - q0) * (acceptance - a0) / (a1 - a0)
     return None
-
-
-def _on_static_curve(verification: str) -> bool:
-    return verification == "exact" or verification.startswith("static:")
-
-
-def _static_weight(verification: str) -> float:
-    """The target's weight of a verification on the static curve: static:W -> W, exact -> 1."""
-    return 1.0 if verification == "exact" else float(verification.split(":")[1])
 
 
 def _mean_reward(rows: list[dict]) -> float:
@@ -213,19 +216,22 @@ def _normal_interval(values: list[float]) -> tuple[float, float]:
 
 
 def markdown_table(summaries: Sequence[dict], metric: str) -> str:
-    """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent."""
-    lines = [f"| method | n | {metric} (95% CI) | vs plain (95% CI) | acceptance | rejection vs exact (95% CI) "
-             "| vs static curve (95% CI) | vs lenience curve (95% CI) | tau | tokens/s | speedup | mean tokens "
-             "| s/example (95% CI) | speedup by time (95% CI) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The summary as a Markdown table; quality is the task's metric (e.g. pass@1) in percent. The static and
+    lenience curves always have a column, cactus and lossy-entropy where any of their points ran."""
+    ran = {s["method"].partition(":")[0] for s in summaries}
+    families = ["static", "lossy", *(f for f in ("cactus", "lossy-entropy") if f in ran)]
+    curves = [f"vs {'lenience' if f == 'lossy' else f} curve (95% CI)" for f in families]
+    lines = [f"| method | n | {metric} (95% CI) | vs plain (95% CI) | acceptance | rejection vs exact (95% CI) | "
+             + " | ".join(curves) + " | tau | tokens/s | speedup | mean tokens | s/example (95% CI) "
+             "| speedup by time (95% CI) |",
+             "|---" * (12 + len(families)) + "|"]
     for s in summaries:
-        vs_plain, vs_static, vs_lossy = (format_difference(_paired(s, key)) for key in
-                                        ("quality_vs_plain", "quality_vs_static", "quality_vs_lossy"))
-        vs_exact = format_ratio(_paired(s, "rejection_vs_exact"))
+        vs_curves = " | ".join(format_difference(_paired(s, curve_key(f))) for f in families)
         lines.append(
             f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
-            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | {vs_plain} | "
-            f"{_percent(s['acceptance_rate'])} | {vs_exact} | {vs_static} | {vs_lossy} | {_number(s['tau'])} | "
+            f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | "
+            f"{format_difference(_paired(s, 'quality_vs_plain'))} | {_percent(s['acceptance_rate'])} | "
+            f"{format_ratio(_paired(s, 'rejection_vs_exact'))} | {vs_curves} | {_number(s['tau'])} | "
             f"{s['tokens_per_s']:.2f} | {_number(s['speedup'], 'x')} | {s['new_tokens']:.1f} | "
             f"{s['time_per_example']:.1f} ({s['time_per_example_low']:.1f}-{s['time_per_example_high']:.1f}) | "
             f"{format_ratio(_paired(s, 'time_speedup'), 'x')} |")
@@ -255,12 +261,6 @@ def write_summary(summaries: Sequence[dict], out_dir: Path, metric: str, header:
         writer.writeheader()
         writer.writerows({k: s[k] for k in COLUMNS} for s in summaries)
     (out_dir / "summary.md").write_text((header + "\n\n" if header else "") + markdown_table(summaries, metric) + "\n")
-
-
-# Training-free families drawn as curves through their points, each from exact (its strictest end: w = 1,
-# L = 0, a budget of 0) by its parameter, which the points are annotated with.
-FAMILIES = {"static": ("w", "tab:blue"), "lossy": ("L", "tab:orange"), "cactus": ("d", "tab:brown"),
-            "lossy-entropy": ("L", "tab:olive")}
 
 
 def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> list[Path]:
