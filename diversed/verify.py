@@ -396,8 +396,9 @@ def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One token per row of probs [B, V] (unnormalised weights >= 0) -> [B], exactly distributed.
 
     In two stages: a block of _BLOCK tokens by the block's mass, then a token within it by its weight, so
-    P(token) = P(block) P(token | block) = probs[token] / sum. torch.multinomial over all 151,936 tokens
-    costs 4 ms a row on a 2-core CPU, as much as 7% of an int8 draft step; the two small draws cost 0.3 ms.
+    P(token) = P(block) P(token | block) = probs[token] / sum. Why: torch.multinomial over a whole vocabulary
+    of 150k tokens costs a CPU a noticeable share of a draft step, two small draws a tenth of that
+    (benchmarks/results/notes/speed-transformers.md).
     """
     rows, vocab = probs.shape
     if rows == 0:

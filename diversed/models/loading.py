@@ -70,10 +70,10 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     transformers: dtype: "float16" (default; on a
     CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
     distributions), "float32" (the reference) or "bfloat16". onednn: run the linear layers of float32 CPU
-    models with oneDNN (diversed.models.onednn), about 1.5-2x faster here than nn.Linear. draft_vocab: let
+    models with oneDNN (diversed.models.onednn), faster on a CPU than nn.Linear. draft_vocab: let
     the draft score only its most frequent tokens (diversed.models.vocab): a cheaper draft, still lossless.
-    draft_int8: run a CPU draft's linear layers in dynamic int8 (diversed.models.quantize): a draft step
-    about 1.4x cheaper than float16 weights here, at some acceptance; lossless verification still writes
+    draft_int8: run a CPU draft's linear layers in dynamic int8 (diversed.models.quantize): a cheaper draft
+    step than float16 weights, at some acceptance; lossless verification still writes
     what the target would.
 
     Raises ValueError if only one is named, if their tokenizers differ, or for options the backend lacks.

@@ -1,9 +1,8 @@
 """oneDNN linear layers: the matmuls of CPU decoding at close to memory speed.
 
-Decoding multiplies 1 to N+1 rows by every weight matrix. On this project's CPU machines (AVX2 AMD EPYC,
-torch 2.13 with MKL), nn.Linear reaches about half the memory bandwidth for one row and gets much worse
-for 2-8 rows. Measured on the default pair (168-token prompt, 2 threads, medians of 5): target step
-340-420 ms -> 240 ms, target pass over 6 tokens 1,300 ms -> 575 ms, draft step 140-180 ms -> 105 ms.
+Decoding multiplies 1 to N+1 rows by every weight matrix. On the CPUs this project measured (torch with MKL),
+nn.Linear reaches about half the memory bandwidth for one row and gets much worse for 2-8 rows; oneDNN's
+kernels do not (the measurements: benchmarks/results/notes/cpu-linear-layers.md).
 """
 
 from __future__ import annotations

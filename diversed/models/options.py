@@ -29,7 +29,7 @@ def device_kind(device: str) -> str:
 
 
 def default_backend(device: str = "cpu", draft: str | None = None, target: str | None = None) -> str:
-    """llama.cpp on a CPU (2-3x faster there than transformers) for the default pair and .gguf files;
+    """llama.cpp on a CPU (faster there than transformers: benchmarks/README.md) for the default pair and .gguf files;
     transformers for hub ids and folders (which llama.cpp cannot load) and on other devices."""
     ggufs = all(name is None or str(name).endswith(".gguf") for name in (draft, target))
     return "llama.cpp" if device_kind(device) == "cpu" and ggufs else "transformers"
