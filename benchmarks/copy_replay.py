@@ -206,10 +206,11 @@ def choose_long(runs: dict[str, list], timed: VerifyCosts, tile: int) -> dict:
         print(f"round {number} chose base.RUN_PRIOR = {chosen_run}, prediction (PRIOR, RUN_PRIOR) = {chosen_pair}")
         rounds.append({"run_prior_speedups": table_a, "run_prior": chosen_run,
                        "prediction_speedups": table_b, "prediction_priors": chosen_pair})
-        if (chosen_run, chosen_pair) == (run_prior, prediction_priors):
+        fixed_point = (chosen_run, chosen_pair) == (run_prior, prediction_priors)
+        if fixed_point:
             break
         run_prior, prediction_priors = chosen_run, chosen_pair
-    return {"rounds": rounds, "fixed_point": (chosen_run, chosen_pair) == (run_prior, prediction_priors),
+    return {"rounds": rounds, "fixed_point": fixed_point,
             "run_prior": chosen_run, "prediction_prior": chosen_pair[0], "prediction_run_prior": chosen_pair[1]}
 
 
