@@ -65,8 +65,8 @@ def problem_flips(pair, task, example, heads: dict, stop) -> dict:
     record["completion"] = base  # so a head's inputs at each flip can be recomputed (flip_head.py)
     _, draft_logits = pair.draft.rows(1).feed([prompt + base[:-1]], len(base))
     drafted = draft_logits[0].argmax(-1).tolist()
-    h_draft, h_target, p_y, _, tv, _, _ = score_completions(pair, [prompt], [base], [[False] * len(base)],
-                                                            Sampling(TEMPERATURE))
+    scores = score_completions(pair, [prompt], [base], [[False] * len(base)], Sampling(TEMPERATURE))
+    h_draft, h_target, p_y, tv = scores.h_draft, scores.h_target, scores.p_y, scores.tv
     at = [t for t in range(len(base)) if drafted[t] != base[t]]
     # A kept end-of-sequence token ends the completion there: nothing to continue.
     going_on = [t for t in at if drafted[t] not in pair.eos_token_ids]

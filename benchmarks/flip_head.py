@@ -63,8 +63,8 @@ def flip_inputs(pair, task, folder: Path, records: list[dict]) -> tuple[torch.Te
         for record in missing:
             completion = record["completion"]
             prompt = encode_prompt(pair.tokenizer, examples[record["example"]].prompt)
-            h_draft, h_target, *_ = score_completions(pair, [prompt], [completion], [[False] * len(completion)],
-                                                      Sampling(TEMPERATURE))
+            scores = score_completions(pair, [prompt], [completion], [[False] * len(completion)], Sampling(TEMPERATURE))
+            h_draft, h_target = scores.h_draft, scores.h_target
             at = torch.tensor([f["t"] for f in record["flips"]], dtype=torch.long)
             cached[f"{record['example']}/draft"] = h_draft[0, at].half().contiguous()
             cached[f"{record['example']}/target"] = h_target[0, at].half().contiguous()

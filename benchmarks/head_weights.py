@@ -17,7 +17,7 @@ import keyword
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +27,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from diversed.decoding.sampling import probabilities
-from diversed.head.model import EnsembleHead
+from diversed.head.model import EnsembleHead, token_features
 from diversed.models.loading import Pair
 from diversed.request import Sampling
 from diversed.text import encode_prompt
-from diversed.verify import total_variation
 
 KINDS = ("digits", "operators", "words", "code names", "keywords", "whitespace", "punctuation", "other")
 TV_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)  # TV(q, p): the models agree / nearly / differ / disagree
@@ -59,18 +58,40 @@ def token_kind(text: str, code: bool) -> str:
     return "other"
 
 
+@dataclass
+class Scores:
+    """What a teacher-forced pass of both models gives at each generated position t of some completions
+    ([B, T], padded; on the target's device): the draft's and target's last hidden states that predict y_t
+    (float32, [B, T, d]), diversed.head.model's FEATURES of y_t as if it were drafted ([B, T, 5]: p(y_t), max p,
+    H(p), q(y_t), TV(q, p)), the mask of real positions, and the mask of positions whose token came from the
+    ensemble (not a bonus token)."""
+
+    h_draft: Tensor
+    h_target: Tensor
+    features: Tensor
+    mask: Tensor
+    scored: Tensor
+
+    @property
+    def p_y(self) -> Tensor:
+        return self.features[..., 0]
+
+    @property
+    def q_y(self) -> Tensor:
+        return self.features[..., 3]
+
+    @property
+    def tv(self) -> Tensor:
+        return self.features[..., 4]
+
+
 @torch.no_grad()
 def score_completions(pair: Pair, prompts: list[list[int]], completions: list[list[int]],
                       bonus: list[list[bool]], sampling: Sampling, rows_per_pass: int = 2,
-                      progress: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Teacher-forced pass of both models over prompt + completion.
-
-    Returns, per sequence and generated position t ([B, T], padded): the draft's and target's last hidden
-    states that predict y_t (float32, [B, T, d]), p_t(y_t), q_t(y_t), TV(q_t, p_t), the mask of real
-    positions, and the mask of positions whose token came from the ensemble (not a bonus token); all on
-    the target's device. `rows_per_pass` sequences go through the models at a time: the full distributions
-    of a pass take rows x T x V floats (2 x 400 x 152k is 0.5 GB per model). `progress` shows a bar over
-    the sequences (on a CPU, a few seconds each).
+                      progress: bool = False) -> Scores:
+    """Teacher-forced pass of both models over prompt + completion (Scores). `rows_per_pass` sequences go
+    through the models at a time: the full distributions of a pass take rows x T x V floats (2 x 400 x 152k is
+    0.5 GB per model). `progress` shows a bar over the sequences (on a CPU, a few seconds each).
     """
     length = max(map(len, completions))
     # Completions are padded at their end (with their own last token): causal attention keeps the real
@@ -90,32 +111,31 @@ def score_completions(pair: Pair, prompts: list[list[int]], completions: list[li
                 (hidden.float().to(device), probabilities(sampling, logits).to(device))
                 for hidden, logits in (model.rows(len(fed[chunk])).feed(fed[chunk], length, hidden=True)
                                        for model in (pair.draft, pair.target))]
-            targets = torch.tensor(padded[chunk], device=device).unsqueeze(-1)
-            parts.append((h_draft, h_target, p.gather(-1, targets).squeeze(-1), q.gather(-1, targets).squeeze(-1),
-                          total_variation(q, p)))
+            parts.append((h_draft, h_target, token_features(torch.tensor(padded[chunk], device=device), q, p)))
             bar.update(len(fed[chunk]))
-    h_draft, h_target, p_y, q_y, tv = (torch.cat(column) for column in zip(*parts, strict=True))
-    return h_draft, h_target, p_y, q_y, tv, mask.to(device), (scored & mask).to(device)
+    h_draft, h_target, features = (torch.cat(column) for column in zip(*parts, strict=True))
+    return Scores(h_draft, h_target, features, mask.to(device), (scored & mask).to(device))
 
 
 @dataclass
 class TokenWeights:
     """Every scored token of some completions: which completion it is in, its text and kind, TV(q, p), and
-    each head's w (by head name)."""
+    each head's value (by head name): w for a mixture head, L for the lenience heads named in `lenience`."""
 
     completion: Tensor  # [N] long
     text: list[str]
     kind: list[str]
     tv: Tensor  # [N]
     w: dict[str, Tensor]  # head name -> [N]
+    lenience: set[str] = field(default_factory=set)
 
 
 @torch.no_grad()
 def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequence[str], completions: Sequence[str],
                   *, temperature: float, code: bool, progress: bool = False) -> TokenWeights:
-    """Each head's w and the models' TV(q, p) (at this temperature) at every token of the completions, which
-    are re-tokenized from their text and read after their prompts (empty completions are skipped);
-    `progress` shows a bar over the completions."""
+    """Each head's value (w, or L) and the models' TV(q, p) (at this temperature) at every token of the
+    completions, which are re-tokenized from their text and read after their prompts (empty completions are
+    skipped); `progress` shows a bar over the completions."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if not heads:
@@ -125,20 +145,23 @@ def token_weights(pair: Pair, heads: Mapping[str, EnsembleHead], prompts: Sequen
         raise ValueError("every completion is empty: no token to inspect")
     prompt_ids = [encode_prompt(pair.tokenizer, prompts[i]) for i in kept]
     tokens = [pair.tokenizer(completions[i], add_special_tokens=False)["input_ids"] for i in kept]
-    h_draft, h_target, _, _, tv, mask, _ = score_completions(
-        pair, prompt_ids, tokens, [[False] * len(t) for t in tokens], Sampling(temperature), progress=progress)
+    scores = score_completions(pair, prompt_ids, tokens, [[False] * len(t) for t in tokens], Sampling(temperature),
+                               progress=progress)
     texts = [pair.tokenizer.decode([t]) for row in tokens for t in row]
+    mask = scores.mask
     return TokenWeights(
         completion=torch.repeat_interleave(torch.arange(len(tokens)), torch.tensor([len(t) for t in tokens])),
-        text=texts, kind=[token_kind(t, code) for t in texts], tv=tv[mask].float().cpu(),
-        w={name: head(h_draft, h_target)[mask].float().cpu() for name, head in heads.items()})
+        text=texts, kind=[token_kind(t, code) for t in texts], tv=scores.tv[mask].float().cpu(),
+        w={name: head(scores.h_draft, scores.h_target, scores.features)[mask].float().cpu()
+           for name, head in heads.items()},
+        lenience={name for name, head in heads.items() if head.config.kind != "mixture"})
 
 
 def weights_table(weights: TokenWeights) -> list[dict]:
     """Per head, per group of tokens (all, each kind, each position range, each TV bin): tokens, their share,
-    mean w with a 95%
-    bootstrap interval over completions, mean TV(q, p), and mean w * TV, the expected rejection rate of a
-    drafted token there (exact's is the mean TV)."""
+    the head's mean value (w, or L) with a 95% bootstrap interval over completions, mean TV(q, p), and for a
+    mixture head mean w * TV, the expected rejection rate of a drafted token there (exact's is the mean TV;
+    None for a lenience head, whose rejections need the whole distributions)."""
     groups: list[tuple[str, Tensor]] = [("all", torch.ones_like(weights.tv, dtype=torch.bool))]
     kinds = np.array(weights.kind)
     groups += [(kind, torch.from_numpy(kinds == kind)) for kind in KINDS if (kinds == kind).any()]
@@ -159,7 +182,8 @@ def weights_table(weights: TokenWeights) -> list[dict]:
             rows.append({"head": head, "group": group, "tokens": int(inside.sum()),
                          "share": inside.float().mean().item(), "mean_w": w[inside].mean().item(),
                          "mean_w_low": low, "mean_w_high": high, "mean_tv": weights.tv[inside].mean().item(),
-                         "expected_rejection": (w * weights.tv)[inside].mean().item()})
+                         "expected_rejection": None if head in weights.lenience
+                         else (w * weights.tv)[inside].mean().item()})
     return rows
 
 
@@ -184,12 +208,13 @@ def _completion_bootstrap(values: Tensor, completion: Tensor, inside: Tensor) ->
 
 def weights_markdown(rows: Sequence[dict]) -> str:
     """The table as Markdown, one block of rows per head."""
-    lines = ["| head | group of tokens | tokens | share | mean w (95% CI) | mean TV(q, p) | mean w * TV |",
+    lines = ["| head | group of tokens | tokens | share | mean w or L (95% CI) | mean TV(q, p) | mean w * TV |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         interval = "" if r["mean_w_low"] is None else f" ({r['mean_w_low']:.3f}-{r['mean_w_high']:.3f})"
         lines.append(f"| {r['head']} | {r['group']} | {r['tokens']} | {100 * r['share']:.1f}% | "
-                     f"{r['mean_w']:.3f}{interval} | {r['mean_tv']:.3f} | {r['expected_rejection']:.4f} |")
+                     f"{r['mean_w']:.3f}{interval} | {r['mean_tv']:.3f} | "
+                     f"{'-' if r['expected_rejection'] is None else format(r['expected_rejection'], '.4f')} |")
     return "\n".join(lines)
 
 
@@ -220,7 +245,7 @@ def plot_weights(rows: Sequence[dict], out: str | Path) -> Path:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))],
                       [f"{g} ({100 * share[g]:.0f}%)" for g in groups], rotation=30, ha="right")
         ax.set_ylim(0, 1)
-        ax.set_ylabel("w (weight on the target)")
+        ax.set_ylabel("w (weight on the target) or L (lenience)")
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -241,8 +266,11 @@ def write_weights_report(weights: TokenWeights, out_dir: str | Path, header: str
     rows = weights_table(weights)
     extremes = []
     for head, w in weights.w.items():
-        order = w.argsort()
-        for title, picks in (("lowest w (most lenient)", order[:15]), ("highest w (strictest)", order.flip(0)[:15])):
+        order = w.argsort()  # a lenience head is most lenient where L is highest, a mixture head where w is lowest
+        lenient, strict = (order.flip(0), order) if head in weights.lenience else (order, order.flip(0))
+        letter = "L" if head in weights.lenience else "w"
+        for title, picks in ((f"{'highest' if letter == 'L' else 'lowest'} {letter} (most lenient)", lenient[:15]),
+                             (f"{'lowest' if letter == 'L' else 'highest'} {letter} (strictest)", strict[:15])):
             extremes.append(f"{head}, {title}: " + ", ".join(f"{weights.text[i]!r} {w[i]:.2f}" for i in picks.tolist()))
     (out_dir / "head_weights.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out_dir / "head_weights.md").write_text((header + "\n\n" if header else "") + weights_markdown(rows) + "\n\n"

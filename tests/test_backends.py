@@ -249,8 +249,9 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
     assert any(t[-1] == 4 for t in out.tokens)
     kept_all = [trace.tensors() for trace in traces]
     bonus = [kept[7].tolist() for kept in kept_all]
-    h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(Pair(draft, target, None, "d", "t"), PROMPTS,
-                                                             out.tokens, bonus, Sampling(1.0))
+    scores = score_completions(Pair(draft, target, None, "d", "t"), PROMPTS, out.tokens, bonus, Sampling(1.0))
+    h_d, h_t, p_y, q_y, tv, mask, scored = (scores.h_draft, scores.h_target, scores.p_y, scores.q_y, scores.tv,
+                                            scores.mask, scores.scored)
     assert 0 < (mask & ~scored).sum() and len(set(map(len, out.tokens))) > 1  # bonus tokens; rows end apart
     for row, kept in enumerate(kept_all):
         scores = scored[row][mask[row]]

@@ -14,7 +14,7 @@ from head_weights import (
     write_weights_report,
 )
 
-from diversed.head.model import EnsembleHead, HeadConfig
+from diversed.head.model import EnsembleHead, HeadConfig, build
 from diversed.request import Sampling
 from diversed.text import encode_prompt
 
@@ -55,12 +55,36 @@ def test_every_token_gets_each_heads_w_and_the_models_tv(pair, heads):
     assert weights.completion.tolist() == [i for i, t in enumerate(tokens) for _ in t]
     assert weights.text[:2] == [pair.tokenizer.decode(t) for t in tokens[0][:2]]
     prompts = [encode_prompt(pair.tokenizer, p) for p, c in zip(PROMPTS, COMPLETIONS, strict=True) if c]
-    h_d, h_t, _, _, tv, mask, _ = score_completions(pair, prompts, tokens, [[False] * len(t) for t in tokens],
-                                                    Sampling(1.0))
-    assert torch.allclose(weights.tv, tv[mask]) and (weights.tv > 0).all()
-    assert torch.allclose(weights.w["varied"], heads["varied"](h_d, h_t)[mask])
+    scores = score_completions(pair, prompts, tokens, [[False] * len(t) for t in tokens], Sampling(1.0))
+    mask = scores.mask
+    assert torch.allclose(weights.tv, scores.tv[mask]) and (weights.tv > 0).all()
+    assert torch.allclose(weights.w["varied"], heads["varied"](scores.h_draft, scores.h_target)[mask])
     assert torch.allclose(weights.w["steady"], torch.full_like(weights.tv, 0.3))
     assert weights.w["varied"].std() > 0.01
+
+
+def test_a_lenience_head_is_read_as_its_L_from_the_tokens_numbers(pair, tmp_path):
+    """A lenience head reads FEATURES (p(y), max p, H(p), q(y), TV) of each token as if drafted; its value is L,
+    most lenient where highest, and w * TV (a mixture's expected rejection) is not its rejection."""
+    config = HeadConfig(pair.draft.hidden_size, pair.target.hidden_size, kind="lenience")
+    lenient = build(config)
+    torch.nn.init.normal_(lenient.net.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    weights = token_weights(pair, {"L": lenient}, PROMPTS, COMPLETIONS, temperature=1.0, code=False)
+    kept = [c for c in COMPLETIONS if c]
+    tokens = [pair.tokenizer(c, add_special_tokens=False)["input_ids"] for c in kept]
+    prompts = [encode_prompt(pair.tokenizer, p) for p, c in zip(PROMPTS, COMPLETIONS, strict=True) if c]
+    scores = score_completions(pair, prompts, tokens, [[False] * len(t) for t in tokens], Sampling(1.0))
+    p_y, top, q_y, tv = (scores.features[..., i][scores.mask] for i in (0, 1, 3, 4))
+    assert (p_y <= top + 1e-6).all() and torch.allclose(tv, weights.tv) and (q_y > 0).all()
+    assert torch.allclose(weights.w["L"], lenient(None, scores.h_target, scores.features)[scores.mask])
+    assert weights.lenience == {"L"} and 0 < weights.w["L"].min() and weights.w["L"].max() < 0.99
+    rows = weights_table(weights)
+    assert all(r["expected_rejection"] is None for r in rows)
+    write_weights_report(weights, tmp_path)
+    text = (tmp_path / "head_weights.md").read_text()
+    assert "| L | all |" in text and "| - |" in text
+    most = max(range(len(weights.text)), key=lambda i: weights.w["L"][i])
+    assert f"L, highest L (most lenient): {weights.text[most]!r}" in text
 
 
 def test_table_by_kind_and_disagreement_with_intervals_over_completions(pair, heads, tmp_path):

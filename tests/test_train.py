@@ -254,7 +254,9 @@ def test_one_update_is_the_reinforce_gradient_of_the_stored_rollouts(pair, tmp_p
     bonus = [stored.bonus[stored.sequence == i].tolist() for i in range(len(completions))]
     # What the decoding kept at each token is what a teacher-forced pass of both models over the text gives; a
     # bonus token (from p after a fully kept round) had no draft: zeros for its draft state, q(y) = p(y), TV 0.
-    h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(pair, prompts, tokens, bonus, Sampling(1.0))
+    scores = score_completions(pair, prompts, tokens, bonus, Sampling(1.0))
+    h_d, h_t, p_y, q_y, tv, mask, scored = (scores.h_draft, scores.h_target, scores.p_y, scores.q_y, scores.tv,
+                                            scores.mask, scores.scored)
     kept = scored[mask]
     assert stored.bonus.tolist() == (~kept).tolist() and 0 < stored.bonus.sum() < len(kept)
     for name, value in (("p_y", p_y), ("q_y", q_y), ("tv", tv), ("h_draft", h_d.half()), ("h_target", h_t.half())):
@@ -449,8 +451,9 @@ def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(pair, tmp
 def test_scoring_matches_the_models(pair):
     """The teacher-forced pass gives p(y_t), q(y_t) and TV at the positions that predict each token."""
     prompts, completions = [[3, 4, 5], [6]], [[7, 8], [9, 10, 11]]
-    h_d, h_t, p_y, q_y, tv, mask, scored = score_completions(
-        pair, prompts, completions, [[False, True], [False, False, False]], Sampling(1.0))
+    scores = score_completions(pair, prompts, completions, [[False, True], [False, False, False]], Sampling(1.0))
+    h_d, h_t, p_y, q_y, tv, mask, scored = (scores.h_draft, scores.h_target, scores.p_y, scores.q_y, scores.tv,
+                                            scores.mask, scores.scored)
     assert mask.tolist() == [[True, True, False], [True, True, True]]
     assert scored.tolist() == [[True, False, False], [True, True, True]]
     with torch.no_grad():
