@@ -487,6 +487,16 @@ def test_a_head_is_compared_with_every_familys_curve_and_every_family_is_drawn(t
     assert {p.stem for p in paths} >= {"quality_vs_acceptance", "quality_vs_time"}
 
 
+def test_points_carry_the_intervals_of_quality_and_time_per_example():
+    from diversed.evaluation.report import _error_bar
+
+    summary = {"quality": 0.5, "quality_low": 0.4, "quality_high": 0.7, "acceptance_rate": 0.9,
+               "time_per_example": 10.0, "time_per_example_low": 8.0, "time_per_example_high": 13.0}
+    assert _error_bar(summary, "quality") == [[pytest.approx(10.0)], [pytest.approx(20.0)]]  # in percent
+    assert _error_bar(summary, "time_per_example") == [[2.0], [3.0]]
+    assert _error_bar(summary, "acceptance_rate") is None
+
+
 def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
     from diversed.evaluation.report import _interval
 

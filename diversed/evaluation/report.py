@@ -269,7 +269,7 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
 
     Each training-free family that ran (static, lossy, cactus, lossy-entropy) is drawn as a curve through its
     points and exact, in order of acceptance; plain is a point, DIVERSED heads are stars and transformers'
-    assisted generation crosses (its defaults a plus); quality has its 95% interval."""
+    assisted generation crosses (its defaults a plus); quality and time per example have their 95% intervals."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -298,10 +298,8 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
         labels = _labels([s["method"] for s in points])
         for s in points:
             marker, color, size = _style(s["method"])
-            error = ([[100 * (s["quality"] - s["quality_low"])], [100 * (s["quality_high"] - s["quality"])]]
-                     if y_key == "quality" else None)
-            ax.errorbar(s[x_key], _scale(s[y_key], y_key), yerr=error, fmt=marker, color=color, markersize=size,
-                        capsize=3, label=labels[s["method"]])
+            ax.errorbar(s[x_key], _scale(s[y_key], y_key), xerr=_error_bar(s, x_key), yerr=_error_bar(s, y_key),
+                        fmt=marker, color=color, markersize=size, capsize=3, label=labels[s["method"]])
         ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone (tokens/s)",
                        "time_per_example": "seconds per example"}[x_key])
         ax.set_ylabel(f"{metric} (%)" if y_key == "quality" else "tokens/s")
@@ -403,6 +401,13 @@ def _labels(verifications: list[str]) -> dict[str, str]:
         depth += 1
     return {m: f"diversed ({'/'.join(heads[m][-depth:])})" if m in heads
             else "diversed (packaged head)" if m == "diversed" else m for m in verifications}
+
+
+def _error_bar(summary: dict, key: str) -> list[list[float]] | None:
+    """The 95% interval of a summary's quality or time per example as errorbar's [[below], [above]]."""
+    if f"{key}_low" not in summary:
+        return None
+    return [[_scale(summary[key] - summary[f"{key}_low"], key)], [_scale(summary[f"{key}_high"] - summary[key], key)]]
 
 
 def _scale(value: float, key: str) -> float:
