@@ -47,6 +47,17 @@ def _with_target(rule: str) -> Rule:
     return RULES[rule]
 
 
+def first_two_token_marginals(target, prompt: list[int]) -> tuple[Tensor, Tensor]:
+    """What the target itself writes after `prompt` (a transformers causal LM, no sampling warpers): the first
+    token's p(t1) and the second's marginal sum_t1 p(t1) p(t2 | t1), each [V]."""
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
+        vocab = p1.shape[-1]
+        seqs = torch.cat([torch.tensor([prompt]).expand(vocab, len(prompt)), torch.arange(vocab)[:, None]], 1)
+        p2 = (p1[:, None] * torch.softmax(target(seqs).logits[:, -1], -1)).sum(0)
+    return p1, p2
+
+
 def ensemble_acceptance(p: Tensor, q: Tensor, weight: float | Tensor) -> Tensor:
     """Acceptance probability of the ensemble nu = w p + (1-w) q: 1 - w TV(q, p)."""
     return 1.0 - torch.as_tensor(weight) * total_variation(q, p)

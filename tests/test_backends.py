@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from closed_forms import first_two_token_marginals
 
 from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import QUANTIZATIONS as LLAMA_FTYPES
@@ -146,10 +147,7 @@ def test_exact_sampling_on_llama_cpp_gives_the_target_distribution(tmp_path):
     sampling noise alone is about 0.015 here)."""
     target, draft = tiny_model(0, vocab=12, hidden=32), tiny_model(3, vocab=12, hidden=32)
     target.lm_head.weight.data /= 4
-    with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
-        seqs = torch.cat([torch.tensor([[1, 2, 3]]).expand(12, 3), torch.arange(12)[:, None]], 1)
-        p2 = (p1[:, None] * torch.softmax(target(seqs).logits[:, -1], -1)).sum(0)
+    p1, p2 = first_two_token_marginals(target, [1, 2, 3])
     llama_target = LlamaCppModel(tiny_gguf(target, tmp_path / "t.gguf"))
     llama_draft = LlamaCppModel(tiny_gguf(draft, tmp_path / "d.gguf"))
     tokens = []

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from closed_forms import first_two_token_marginals
 
 from diversed.decoding.engine import decode
 from diversed.decoding.profile import PHASES
@@ -180,10 +181,7 @@ def test_exact_sampling_gives_the_target_distribution_end_to_end(drafting):
     of tokens, and a row cut short takes its bonus token where its drafts end."""
     target, draft = tiny_model(0, vocab=12, hidden=32), tiny_model(3, vocab=12, hidden=32)
     target.lm_head.weight.data /= 4
-    with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
-        seqs = torch.cat([torch.tensor([[1, 2, 3]]).expand(12, 3), torch.arange(12)[:, None]], 1)
-        p2 = (p1[:, None] * torch.softmax(target(seqs).logits[:, -1], -1)).sum(0)
+    p1, p2 = first_two_token_marginals(target, [1, 2, 3])
     # 4 new tokens leave room for 3 drafts in the first round, so the cut-off (not the room) ends them.
     out = decode(target, [[1, 2, 3]] * 20000, draft=draft, verification=Verification("exact"), draft_length=drafting,
                  max_new_tokens=4, seed=0)
