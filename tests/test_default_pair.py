@@ -216,7 +216,8 @@ def llama_pair(default_pair):  # after the transformers pair: it assembles the G
 def test_every_rule_runs_on_llama_cpp_and_greedy_exact_is_the_target(llama_pair, temperature):
     prompts = ["Write a Python function that reverses a string.", "def fibonacci(n):"]
     auto = generate(llama_pair, prompts, verification="plain", temperature=0, max_new_tokens=12)
-    for verification in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed"):
+    for verification in ("exact", "static:0.5", "lossy:0.3", "cascade-opt:0.2", "typical", "diversed",
+                         "diversed:gsm8k-lenience"):
         out = generate(llama_pair, prompts, verification=verification, temperature=temperature, max_new_tokens=12,
                        draft_length=3, batch_size=2)
         assert all(c.metrics["new_tokens"] == 12 and 0 <= c.metrics["acceptance_rate"] <= 1 for c in out)

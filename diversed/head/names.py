@@ -12,11 +12,13 @@ ARCHITECTURES = ("linear", "mlp")
 KINDS = ("mixture", "lenience", "lenience-target")
 TARGET_ONLY = "lenience-target"
 WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
-# Heads trained for the default pair, shipped with the package by name; each folder's README.md says how it
-# was trained and what it scored on held-out problems. The default, used when none is named, is the one with
-# held-out evidence above the static ensemble (gsm8k); humaneval is the degenerate accept-everything head.
+# Heads trained for the default pair, shipped with the package by name (a name starts with its task); each
+# folder's README.md says how it was trained and what it scored on held-out problems. The default, used when
+# none is named, is the mixture head with held-out evidence above the static ensemble (gsm8k); gsm8k-lenience
+# is the bounded lenience head with evidence above the training-free rules at T = 0.7; humaneval is the
+# degenerate accept-everything head.
 PRETRAINED = Path(__file__).parent / "pretrained"
-PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp")
+PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp", "gsm8k-lenience")
 DEFAULT_HEAD = "gsm8k"
 
 
