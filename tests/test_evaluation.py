@@ -482,6 +482,7 @@ def test_a_head_is_compared_with_every_familys_curve_and_every_family_is_drawn(t
     assert head["quality_vs_cactus"] == pytest.approx(0.3) and head["quality_vs_lossy_entropy"] is None
     header = markdown_table(summaries, "pass@1").splitlines()[0]
     assert "| vs static curve (95% CI) | vs lenience curve (95% CI) | vs cactus curve (95% CI) | tau |" in header
+    assert markdown_table(summaries, "pass@1").splitlines()[-1].startswith("| diversed (head) | 10 |")
     assert "+30.0" in markdown_table(summaries, "pass@1").splitlines()[-1]
     paths = plot_tradeoffs(summaries, tmp_path, "pass@1")
     assert {p.stem for p in paths} >= {"quality_vs_acceptance", "quality_vs_time"}
@@ -507,15 +508,17 @@ def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
     assert (low, high) == (pytest.approx(0.4 - 1.95996 * 0.11547, abs=1e-4), pytest.approx(0.4 + 0.22632, abs=1e-4))
 
 
-def test_legend_labels_tell_heads_with_the_same_folder_name_apart():
+def test_table_and_legend_names_tell_heads_with_the_same_folder_name_apart():
     from diversed.evaluation.report import _labels
 
-    verifications = ["exact", "diversed", "diversed:gsm8k", "diversed:runs/lambda0.3/head-step-12",
-               "diversed:runs/lambda1/head-step-12"]
+    verifications = ["exact", "diversed", "diversed@+3", "diversed:gsm8k", "diversed:runs/lambda0.3/head-step-12",
+                     "diversed:runs/lambda1/head-step-12", "diversed:runs/lambda1/head-step-12@+1"]
     assert _labels(verifications) == {
-        "exact": "exact", "diversed": "diversed (packaged head)", "diversed:gsm8k": "diversed (gsm8k)",
+        "exact": "exact", "diversed": "diversed (packaged head)", "diversed@+3": "diversed (packaged head) @+3",
+        "diversed:gsm8k": "diversed (gsm8k)",
         "diversed:runs/lambda0.3/head-step-12": "diversed (lambda0.3/head-step-12)",
-        "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)"}
+        "diversed:runs/lambda1/head-step-12": "diversed (lambda1/head-step-12)",
+        "diversed:runs/lambda1/head-step-12@+1": "diversed (lambda1/head-step-12) @+1"}  # a dial: the same head
     assert _labels(["diversed:a/head", "diversed:b/other"])["diversed:a/head"] == "diversed (head)"  # fewest parts
     assert _labels(["plain", "static:0.5"]) == {"plain": "plain", "static:0.5": "static:0.5"}
 

@@ -225,10 +225,11 @@ def markdown_table(summaries: Sequence[dict], metric: str) -> str:
              + " | ".join(curves) + " | tau | tokens/s | speedup | mean tokens | s/example (95% CI) "
              "| speedup by time (95% CI) |",
              "|---" * (12 + len(families)) + "|"]
+    labels = _labels([s["method"] for s in summaries])
     for s in summaries:
         vs_curves = " | ".join(format_difference(_paired(s, curve_key(f))) for f in families)
         lines.append(
-            f"| {s['method']} | {s['examples']} | {100 * s['quality']:.1f} "
+            f"| {labels[s['method']]} | {s['examples']} | {100 * s['quality']:.1f} "
             f"({100 * s['quality_low']:.1f}-{100 * s['quality_high']:.1f}) | "
             f"{format_difference(_paired(s, 'quality_vs_plain'))} | {_percent(s['acceptance_rate'])} | "
             f"{format_ratio(_paired(s, 'rejection_vs_exact'))} | {vs_curves} | {_number(s['tau'])} | "
@@ -393,14 +394,19 @@ def _style(verification: str) -> tuple[str, str, int]:
 
 
 def _labels(verifications: list[str]) -> dict[str, str]:
-    """Legend entries: diversed:PATH/TO/HEAD -> diversed (TO/HEAD), with the fewest trailing parts of the path
-    that tell the heads apart (whole paths make poor legend entries; heads are often all "head-step-N")."""
-    heads = {m: Path(m.partition(":")[2]).parts for m in verifications if m.startswith("diversed:")}
+    """Table and legend names: diversed:PATH/TO/HEAD@+1 -> diversed (TO/HEAD) @+1, with the fewest trailing parts
+    of the path that tell the heads apart (whole paths make poor names; heads are often all "head-step-N")."""
+    heads = {m: Path(m.partition(":")[2].partition("@")[0]).parts for m in verifications if m.startswith("diversed:")}
+    paths = set(heads.values())
     depth = 1
-    while len({parts[-depth:] for parts in heads.values()}) < len(heads) and depth < max(map(len, heads.values())):
+    while len({parts[-depth:] for parts in paths}) < len(paths) and depth < max(map(len, paths)):
         depth += 1
-    return {m: f"diversed ({'/'.join(heads[m][-depth:])})" if m in heads
-            else "diversed (packaged head)" if m == "diversed" else m for m in verifications}
+
+    def label(m: str) -> str:
+        base, at, dial = m.partition("@")
+        name = ("/".join(heads[m][-depth:]) if m in heads else "packaged head" if base == "diversed" else None)
+        return m if name is None else f"diversed ({name})" + (f" @{dial}" if at else "")
+    return {m: label(m) for m in verifications}
 
 
 def _error_bar(summary: dict, key: str) -> list[list[float]] | None:
