@@ -164,7 +164,7 @@ def test_train_then_generate_and_eval_with_the_head(models, capsys, tmp_path):
     code, out, _ = run(["eval", "--task", f"jsonl:{data}", "--split", "all", "--verifications",
                         f"plain,exact,diversed:{head}", "--out", str(tmp_path / "eval"), "--max-new-tokens", "4",
                         *pair_args], capsys)
-    assert code == 0 and "| diversed:" in out and (tmp_path / "eval" / "summary.md").is_file()
+    assert code == 0 and "| diversed (head) |" in out and (tmp_path / "eval" / "summary.md").is_file()
 
 
 def test_a_bad_prompt_file_line_is_named(models, capsys, tmp_path):
