@@ -18,7 +18,7 @@ WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
 # is the bounded lenience head with evidence above the training-free rules at T = 0.7; humaneval is the
 # degenerate accept-everything head.
 PRETRAINED = Path(__file__).parent / "pretrained"
-PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp", "gsm8k-lenience")
+PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp", "gsm8k-lenience", "file-edit-lenience-target")
 DEFAULT_HEAD = "gsm8k"
 
 
