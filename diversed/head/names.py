@@ -12,11 +12,12 @@ ARCHITECTURES = ("linear", "mlp")
 KINDS = ("mixture", "lenience", "lenience-target")
 TARGET_ONLY = "lenience-target"
 WEIGHTS_FILE, CONFIG_FILE = "head.safetensors", "head.json"
-# Heads trained for the default pair, shipped with the package by name (a name starts with its task); each
+# Heads trained for the default pair, shipped with the package by name (the task, or the task and a dash); each
 # folder's README.md says how it was trained and what it scored on held-out problems. The default, used when
 # none is named, is the mixture head with held-out evidence above the static ensemble (gsm8k); gsm8k-lenience
-# is the bounded lenience head with evidence above the training-free rules at T = 0.7; humaneval is the
-# degenerate accept-everything head.
+# is the bounded lenience head with evidence above the training-free rules at T = 0.7;
+# file-edit-lenience-target reads the target alone, so it verifies copied drafts (on the lenience curve there);
+# humaneval is the degenerate accept-everything head.
 PRETRAINED = Path(__file__).parent / "pretrained"
 PRETRAINED_HEADS = ("humaneval", "gsm8k", "mbpp", "gsm8k-lenience", "file-edit-lenience-target")
 DEFAULT_HEAD = "gsm8k"
