@@ -25,6 +25,6 @@ if [ ! -d $train/head-step-13 ]; then
 fi
 head=$train/head-step-13
 
-verifications="plain,exact,$lossy,$cactus,diversed,diversed@+3,diversed:$head,diversed:$head@+1"
+verifications="plain,exact,$lossy,$cactus,diversed:gsm8k,diversed:gsm8k@+3,diversed:$head,diversed:$head@+1"
 echo "test verifications: $verifications"
 .venv/bin/diversed eval "${common[@]}" --limit 150 --resume --out $here --verifications "$verifications"
