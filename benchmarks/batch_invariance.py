@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 import torch
-from machine import describe
 
 from diversed.backends.hf import ROW_ATTENTION
 from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job
 from diversed.decoding.policy import Policy
+from diversed.machine import describe
 from diversed.models.loading import Pair, load_pair
 from diversed.request import DraftLength, Sampling, Verification
 from diversed.tasks import get_task

@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_speed import Row, plain_llama
-from machine import describe
 from serve_speed import free_port, start
 
 from diversed.backends.llama_cpp import default_threads
 from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
 from diversed.request import DEFAULT_DRAFTING, Sampling, Verification

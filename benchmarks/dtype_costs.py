@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import torch
-from machine import describe
 from speed import forward_costs
 from transformers import AutoTokenizer
 
+from diversed.machine import describe
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task

@@ -50,11 +50,11 @@ from pathlib import Path
 
 from copy_replay import plain_seconds, replay
 from drafters_speed import VerifyCosts, oracle_seconds, token_ids, verify_costs
-from machine import describe
 
 from diversed.backends.llama_cpp import LlamaCppModel
 from diversed.decoding.drafters import SuffixCache, base
 from diversed.decoding.engine import decode
+from diversed.machine import describe
 from diversed.models.loading import load_pair
 from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task

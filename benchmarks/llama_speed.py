@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as llama
-from machine import describe
 
 from diversed.backends.llama_cpp import LlamaCppModel, default_threads
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.generation import load_head
+from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
 from diversed.request import DEFAULT_DRAFTING, DraftLength, Sampling, Verification

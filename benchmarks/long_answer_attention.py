@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import llama_cpp as llama
 import numpy as np
-from machine import describe
 
 from diversed.backends import llama_cpp as backend
 from diversed.decoding.engine import Batch, Job
 from diversed.decoding.policy import Policy
+from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.request import Verification
 

@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import openai
-from machine import describe
 from transformers import AutoTokenizer
 
 from diversed.backends.llama_cpp import default_threads
+from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair, prepare_default_pair
 from diversed.tasks import get_task
 

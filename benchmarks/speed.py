@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from machine import describe
 
 from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
@@ -39,6 +38,7 @@ from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_verifications
 from diversed.generation import load_head
+from diversed.machine import describe
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import Pair, load_model, load_pair
 from diversed.models.options import DTYPE_NAMES

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import openai
-from machine import describe
 from serve_speed import free_port, start
 
+from diversed.machine import describe
 from diversed.models.default_pair import cache_dir
 from diversed.tasks import get_task
 

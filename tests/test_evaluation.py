@@ -14,6 +14,7 @@ import pytest
 import diversed.evaluation.run as run
 from diversed.evaluation.report import summarize_results
 from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_verifications
+from diversed.machine import describe
 from diversed.request import Verification
 from diversed.tasks import get_task
 
@@ -127,6 +128,30 @@ def test_report_of_some_verifications_compares_the_examples_those_finished(compl
         run.report(tmp_path, "share", ["exact", "static:0.3"])
     with pytest.raises(ValueError, match="no results for diversed:gone"):  # a report needs no head folder
         run.report(tmp_path, "share", ["exact", "diversed:gone"])
+
+
+def test_rows_and_report_name_the_machine_each_example_ran_on(complete, tmp_path):
+    """A run resumed on another machine (the project's changes between sessions) says which examples ran where,
+    and which had their verifications split between machines; rows from before machines were recorded say so."""
+    out, _ = complete
+    everything = rows(out)
+    assert {r["machine"] for r in everything} == {describe()}
+    assert f"Machine: {describe()}" in (out / "summary.md").read_text()
+    shutil.copy(out / run.CONFIG_FILE, tmp_path / run.CONFIG_FILE)
+    ids = sorted({r["example"] for r in everything})
+    for r in everything:
+        position = ids.index(r["example"])
+        if position < 3:
+            del r["machine"]
+        elif position == 3 and r["verification"] == VERIFICATIONS[0]:
+            r["machine"] = "elsewhere"
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in everything))
+    run.report(tmp_path, "share")
+    machines = (tmp_path / "summary.md").read_text().split("\n\n")[1]
+    assert machines.splitlines() == ["Machines (times compare only within one):",
+                                     "- not recorded (rows written before machines were recorded): 3 examples",
+                                     f"- {describe()}: 3 examples",
+                                     "- 1 example with verifications on different machines"]
 
 
 def test_plots_are_written(complete):

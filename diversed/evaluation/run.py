@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_
 from diversed.folders import changed_settings, check_writable, saved_settings
 from diversed.generation import generate, load_head
 from diversed.head.names import head_folder
+from diversed.machine import describe
 from diversed.models.loading import Pair
 from diversed.request import DRAFTERS, RENAMED_VERIFICATIONS, DraftLength, Sampling, Verification
 from diversed.tasks.task import predicted_outputs
@@ -147,6 +149,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
     # Each rank repairs only the file it appends to; a torn tail of another rank's file is read as absent.
     done = {(r["example"], r["verification"]) for path in _result_files(out_dir)
             for r in load_done_rows(path, repair=path == part)}
+    machine = describe()  # every row names it: a run resumed on another machine times its rows there
     mine = list(range(rank, len(examples), world))
     todo = [(i, m) for i in mine for m in verifications if (examples[i].id, m) not in done]
     bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
@@ -164,6 +167,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
                 for row in _run_batch(pair, task, examples, group, label, config, heads.get(label)):
                     if (row["example"], label) in done:
                         continue
+                    row["machine"] = machine
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     os.fsync(f.fileno())
@@ -218,7 +222,7 @@ def report(out_dir: str | Path, metric: str, verifications: Sequence[str] | None
     summaries = summarize_results(rows, verifications)
     done = f"the {len(complete)} examples every verification finished, of {config.limit or 'all'}"
     to.mkdir(parents=True, exist_ok=True)
-    write_summary(summaries, to, metric, _header(config, done))
+    write_summary(summaries, to, metric, _header(config, done) + "\n\n" + _machines(rows))
     plot_tradeoffs(summaries, to, metric)
     return summaries
 
@@ -231,6 +235,26 @@ def _header(config: EvalConfig, examples: str) -> str:
             f"{config.target_model}, {config.backend or 'transformers'}{weights}, "
             f"T = {config.temperature}, drafts {config.drafting}, "
             f"{config.max_new_tokens} new tokens, seed {config.seed}{_batching(config.batch_size)}")
+
+
+def _machines(rows: list[dict]) -> str:
+    """The machine the rows ran on or, for a run resumed on others, each machine with its examples' count, and
+    any example whose verifications ran on different machines (its times do not compare)."""
+    by_example: dict[str, set[str]] = {}
+    for r in rows:
+        by_example.setdefault(r["example"], set()).add(r.get("machine", "not recorded (rows written before "
+                                                                         "machines were recorded)"))
+    counts = Counter(m for machines in by_example.values() if len(machines) == 1 for m in machines)
+    split = sum(len(machines) > 1 for machines in by_example.values())
+    if len(counts) == 1 and not split:
+        return f"Machine: {next(iter(counts))}"
+    lines = [f"- {m}: {_examples(n)}" for m, n in counts.items()]
+    lines += [f"- {_examples(split)} with verifications on different machines"] if split else []
+    return "Machines (times compare only within one):\n" + "\n".join(lines)
+
+
+def _examples(count: int) -> str:
+    return f"{count} example{'s' * (count != 1)}"
 
 
 def _batching(batch_size: int) -> str:

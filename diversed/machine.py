@@ -1,6 +1,6 @@
-"""The machine a benchmark ran on, in one line for its tables and results: the CPU's model, its cores, its
-widest vector instructions, whether it is virtualized, and, on a CPU with AMX, whether the llama.cpp in use has
-AMX kernels."""
+"""The machine a run was on, in one line for evaluation rows and benchmark tables: the CPU's model, its cores,
+its widest vector instructions, whether it is virtualized, and, on a CPU with AMX, whether the llama.cpp in use
+has AMX kernels. Timings, and llama.cpp's sampled texts, depend on it (`python -m diversed.machine` prints it)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def describe(cpuinfo: str | None = None) -> str:
     line = ", ".join(parts)
     if "amx_int8" not in flags:  # the llama.cpp build can only matter where the CPU has AMX
         return line
-    try:
+    try:  # only here: llama-cpp-python is optional
         from diversed.backends.llama_cpp import amx_build
-    except ImportError:  # no llama-cpp-python here
+    except ImportError:
         return line
     return f"{line}; llama.cpp {'with' if amx_build() else 'without'} AMX kernels"
 

@@ -1,0 +1,24 @@
+"""diversed.machine: the one line that names the machine a run was on."""
+
+import diversed.machine as machine
+
+AMD = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f hypervisor\n"
+INTEL = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 avx512f amx_tile amx_int8 hypervisor\n"
+OLD = "model name\t: Some CPU\nflags\t\t: fpu sse avx2\n"
+
+
+def test_the_line_names_the_cpu_its_widest_vectors_and_a_hypervisor(monkeypatch):
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert machine.describe(AMD) == "AMD EPYC 7B13, 2 cores, AVX-512, virtualized"
+    assert machine.describe(OLD) == "Some CPU, 2 cores, AVX2"
+    assert machine.describe("flags\t: fpu\n") == "unknown CPU, 2 cores, no AVX2"
+
+
+def test_on_an_amx_cpu_the_line_says_whether_llama_cpp_has_amx_kernels(monkeypatch):
+    import diversed.backends.llama_cpp as backend
+
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1})
+    for built, words in ((True, "with"), (False, "without")):
+        monkeypatch.setattr(backend, "amx_build", lambda built=built: built)
+        assert machine.describe(INTEL) == (f"Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; "
+                                           f"llama.cpp {words} AMX kernels")
