@@ -5,7 +5,8 @@ has AMX kernels. Timings, and llama.cpp's sampled texts, depend on it (`python -
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from diversed.cpu import cpu_flags, cpuinfo_fields, virtualized
 
 # From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512 alone, AVX2).
 VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
@@ -13,14 +14,11 @@ VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2",
 
 def describe(cpuinfo: str | None = None) -> str:
     """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; llama.cpp without AMX', say."""
-    text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)  # the last CPU's, alike
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    flags = set(fields.get("flags", "").split())
+    flags = cpu_flags(cpuinfo)
     level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = [fields.get("model name", "unknown CPU"), f"{cores} cores", level]
-    if "hypervisor" in flags:
+    parts = [cpuinfo_fields(cpuinfo).get("model name", "unknown CPU"), f"{cores} cores", level]
+    if virtualized(cpuinfo):
         parts.append("virtualized")
     line = ", ".join(parts)
     if "amx_int8" not in flags:  # the llama.cpp build can only matter where the CPU has AMX

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from diversed.backends.llama_cpp import amx_build, extra_buffers_safe, virtualized
+from diversed.backends.llama_cpp import amx_build, extra_buffers_safe
+from diversed.cpu import cpu_flags
 from diversed.models.default_pair import default_gguf_pair
-
-FLAGS = "flags\t\t: fpu avx2 avx512f amx_tile amx_int8{}\n"
 
 
 def _in_child(code: str) -> subprocess.CompletedProcess:
@@ -29,12 +28,8 @@ def _default_target() -> Path:
         pytest.skip(f"the default pair is not prepared here: {error}")
 
 
-def _cpu_has_amx() -> bool:
-    return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
-
-
 def test_the_build_has_no_amx_kernels_on_an_amx_cpu():
-    if not _cpu_has_amx():
+    if "amx_tile" not in cpu_flags():
         pytest.skip("this CPU has no AMX: the plain native build cannot hold AMX kernels")
     assert not amx_build(), "llama-cpp-python was built with AMX kernels: rerun ./setup.sh to rebuild it"
 
@@ -44,12 +39,6 @@ def test_the_guard_drops_extra_buffers_only_for_amx_kernels_under_a_hypervisor()
     assert extra_buffers_safe(has_amx_kernels=True, under_hypervisor=False)
     assert extra_buffers_safe(has_amx_kernels=False, under_hypervisor=False)
     assert not extra_buffers_safe(has_amx_kernels=True, under_hypervisor=True)
-
-
-def test_virtualized_reads_the_hypervisor_flag():
-    assert virtualized(FLAGS.format(" hypervisor"))
-    assert not virtualized(FLAGS.format(""))
-    assert not virtualized("model name\t: hypervisor-brand CPU\n" + FLAGS.format(""))
 
 
 @pytest.mark.slow

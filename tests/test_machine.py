@@ -1,5 +1,9 @@
-"""diversed.machine: the one line that names the machine a run was on."""
+"""diversed.cpu and diversed.machine: what /proc/cpuinfo says, and the one line that names the machine a run was
+on."""
 
+from pathlib import Path
+
+import diversed.cpu as cpu
 import diversed.machine as machine
 
 AMD = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f hypervisor\n"
@@ -22,3 +26,19 @@ def test_on_an_amx_cpu_the_line_says_whether_llama_cpp_has_amx_kernels(monkeypat
         monkeypatch.setattr(backend, "amx_build", lambda built=built: built)
         assert machine.describe(INTEL) == (f"Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; "
                                            f"llama.cpp {words} AMX kernels")
+
+
+def test_virtualized_reads_the_hypervisor_flag_alone():
+    assert cpu.virtualized(AMD)
+    assert not cpu.virtualized(OLD)
+    assert not cpu.virtualized("model name\t: hypervisor-brand CPU\n" + OLD.split("\n", 1)[1])
+
+
+def test_without_proc_cpuinfo_nothing_is_known(monkeypatch):
+    def unreadable(path):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    assert cpu.cpuinfo_fields() == {} and cpu.cpu_flags() == set() and not cpu.virtualized()
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert machine.describe() == "unknown CPU, 2 cores, no AVX2"

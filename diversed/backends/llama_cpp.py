@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diversed.cpu import virtualized
+
 # Positions each row may hold unless asked otherwise: a long prompt and 512 new tokens fit with room.
 DEFAULT_CONTEXT = 4096
 
@@ -64,16 +66,6 @@ def _free(model, held: list) -> None:
 def amx_build() -> bool:
     """Whether this llama.cpp was compiled with its AMX matrix kernels (a native build on an AMX CPU)."""
     return "AMX_INT8 = 1" in llama.llama_print_system_info().decode(errors="replace")
-
-
-def virtualized(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU runs under a hypervisor (its "hypervisor" flag; `cpuinfo` is /proc/cpuinfo's text)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    return any(line.startswith("flags") and "hypervisor" in line.split() for line in cpuinfo.splitlines())
 
 
 def extra_buffers_safe(has_amx_kernels: bool, under_hypervisor: bool) -> bool:
