@@ -513,6 +513,18 @@ def test_a_head_is_compared_with_every_familys_curve_and_every_family_is_drawn(t
     assert {p.stem for p in paths} >= {"quality_vs_acceptance", "quality_vs_time"}
 
 
+def test_each_head_has_a_colour_of_its_own_and_its_dial_points_are_hollow():
+    from diversed.evaluation.report import _style
+
+    heads = ["diversed:gsm8k", "diversed:runs/head-step-13"]  # the plot's heads, without their dials
+    own, other, dial = (_style(m, heads) for m in ("diversed:gsm8k", "diversed:runs/head-step-13",
+                                                    "diversed:gsm8k@+3"))
+    assert own[0] == other[0] == dial[0] == "*"
+    assert own[1] != other[1] and dial[1] == own[1]  # the dial keeps its head's colour
+    assert own[2] == own[1] and dial[2] == "none"  # filled at its own setting, hollow dialled
+    assert _style("exact", heads)[1] not in {own[1], other[1]}
+
+
 def test_points_carry_the_intervals_of_quality_and_time_per_example():
     from diversed.evaluation.report import _error_bar
 

@@ -27,6 +27,7 @@ BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 # compared with its curve at its own acceptance (summary key quality_vs_<family>, "-" as "_").
 FAMILIES = {"static": ("w", "tab:blue"), "lossy": ("L", "tab:orange"), "cactus": ("d", "tab:brown"),
             "lossy-entropy": ("L", "tab:olive")}
+HEAD_COLORS = ("tab:red", "tab:purple", "tab:pink", "tab:cyan", "darkred")  # none a family's
 
 
 def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> list[dict]:
@@ -269,8 +270,9 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
     throughput_vs_acceptance.png.
 
     Each training-free family that ran (static, lossy, cactus, lossy-entropy) is drawn as a curve through its
-    points and exact, in order of acceptance; plain is a point, DIVERSED heads are stars and transformers'
-    assisted generation crosses (its defaults a plus); quality and time per example have their 95% intervals."""
+    points and exact, in order of acceptance; plain is a point, DIVERSED heads are stars (a colour a head, its
+    dial points hollow) and transformers' assisted generation crosses (its defaults a plus); quality and time
+    per example have their 95% intervals."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -297,10 +299,12 @@ def plot_tradeoffs(summaries: Sequence[dict], out_dir: Path, metric: str) -> lis
                 ax.annotate(f"{letter}={value}", (s[x_key], _scale(s[y_key], y_key)), fontsize=8,
                             textcoords="offset points", xytext=(4, 4))
         labels = _labels([s["method"] for s in points])
+        heads = sorted({s["method"].partition("@")[0] for s in points if s["method"].startswith("diversed")})
         for s in points:
-            marker, color, size = _style(s["method"])
+            marker, color, face, size = _style(s["method"], heads)
             ax.errorbar(s[x_key], _scale(s[y_key], y_key), xerr=_error_bar(s, x_key), yerr=_error_bar(s, y_key),
-                        fmt=marker, color=color, markersize=size, capsize=3, label=labels[s["method"]])
+                        fmt=marker, color=color, markerfacecolor=face, markersize=size, capsize=3,
+                        label=labels[s["method"]])
         ax.set_xlabel({"acceptance_rate": "acceptance rate", "speedup": "speedup over the target alone (tokens/s)",
                        "time_per_example": "seconds per example"}[x_key])
         ax.set_ylabel(f"{metric} (%)" if y_key == "quality" else "tokens/s")
@@ -383,14 +387,21 @@ def _training_steps(log: Path) -> list[dict]:
     return steps
 
 
-def _style(verification: str) -> tuple[str, str, int]:
+def _style(verification: str, heads: Sequence[str]) -> tuple[str, str, str, int]:
+    """A point's marker, colour, face colour and size; `heads` are the plot's heads without their dials, each
+    given a colour of its own (several heads in one red would be told apart by the legend's order alone)."""
     if verification.startswith("diversed"):
-        return "*", "tab:red", 14
+        head, at, _ = verification.partition("@")
+        color = HEAD_COLORS[heads.index(head) % len(HEAD_COLORS)]
+        return "*", color, "none" if at else color, 14
     if verification.startswith("hf-"):
-        return ("P" if verification == "hf-default" else "x"), "tab:gray", 9
-    if verification.partition(":")[0] in FAMILIES:
-        return "o", FAMILIES[verification.partition(":")[0]][1], 7
-    return {"plain": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(verification, ("^", "tab:purple", 8))
+        marker, color, size = ("P" if verification == "hf-default" else "x"), "tab:gray", 9
+    elif verification.partition(":")[0] in FAMILIES:
+        marker, color, size = "o", FAMILIES[verification.partition(":")[0]][1], 7
+    else:
+        marker, color, size = {"plain": ("s", "black", 8), "exact": ("D", "tab:green", 8)}.get(
+            verification, ("^", "tab:gray", 8))
+    return marker, color, color, size
 
 
 def _labels(verifications: list[str]) -> dict[str, str]:
