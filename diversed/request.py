@@ -34,9 +34,14 @@ class ContextTooLong(RequestError):
     """A prompt and its new tokens that do not fit the model's context."""
 
 
+# The largest float32: the rules compute in float32, where a larger parameter overflows.
+_LARGEST = 3.4028234663852886e38
+
+
 @dataclass(frozen=True)
 class Range:
-    """A parameter's range: from low to high (infinite: any finite value), each end included unless open."""
+    """A parameter's range: from low to high (infinite: any value finite in float32), each end included unless
+    open."""
 
     low: float
     high: float = math.inf
@@ -45,14 +50,15 @@ class Range:
 
     def __contains__(self, value: float) -> bool:  # NaN is in none, infinity in no range
         above = self.low < value if self.low_open else self.low <= value
-        below = value < self.high if self.high_open or self.high == math.inf else value <= self.high
+        below = value <= _LARGEST if self.high == math.inf else value < self.high if self.high_open else \
+            value <= self.high
         return above and below
 
     @property
     def text(self) -> str:
-        """What a refusal says: 'in [0, 1)', 'positive and finite'."""
+        """What a refusal says: 'in [0, 1)', 'positive and at most 3.4e+38'."""
         if self.high == math.inf:
-            return ("positive" if self.low_open else "non-negative") + " and finite"
+            return ("positive" if self.low_open else "non-negative") + f" and at most {_LARGEST:.2g}"
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from closed_forms import acceptance_probability, verification_target
 from torch import Tensor
 
-from diversed.request import TYPICAL_DELTA, TYPICAL_EPSILON
+from diversed.request import RULE_SPECS, TYPICAL_DELTA, TYPICAL_EPSILON
 from diversed.verify import (
     RULES,
     Verdict,
@@ -892,6 +892,30 @@ def test_every_rule_accepts_its_valid_parameters():
     verify("lossy", drafts, q, p, lenience=torch.full((_B, _N), 0.5))  # a lenience per drafted token too
     # float32 rounding in the row sums is tolerated
     verify("exact", drafts, q * (1 + 1e-5), p * (1 - 1e-5))
+
+
+@pytest.mark.parametrize("end", ["low", "high"])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_every_rule_decides_at_both_ends_of_the_range_a_request_may_give(end, greedy):
+    """The ends of each parameter's range (diversed.request: the largest float32 where it has no upper bound)
+    give a verdict of real tokens, not an overflow or NaN."""
+    drafts, q, p = _valid()
+    for rule, spec in RULE_SPECS.items():
+        if rule == "dynamic":  # its weights are a tensor, in [0, 1] as static's
+            continue
+        params = {}
+        for name in spec.parameters:
+            allowed = spec.range(name)
+            if end == "low":
+                params[name] = math.nextafter(allowed.low, math.inf) if allowed.low_open else allowed.low
+            elif allowed.high == math.inf:
+                params[name] = torch.finfo(torch.float32).max
+            else:
+                params[name] = math.nextafter(allowed.high, -math.inf) if allowed.high_open else allowed.high
+            assert params[name] in allowed
+        result = verify(rule, drafts, q, p, greedy=greedy, generator=torch.Generator().manual_seed(0), **params)
+        assert ((0 <= result.num_accepted) & (result.num_accepted <= _N)).all(), rule
+        assert ((0 <= result.next_token) & (result.next_token < q.shape[-1])).all(), rule
 
 
 @pytest.mark.parametrize("rule, parameters", [
