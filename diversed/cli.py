@@ -324,7 +324,7 @@ def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> No
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from diversed.server import ServerConfig, serve
+    from diversed.server import ServerConfig, check_address, serve
 
     heads = {}
     for spec in args.head:
@@ -332,8 +332,10 @@ def _serve(args: argparse.Namespace) -> int:
         if not name or not folder:
             raise ValueError(f"--head takes NAME=DIR, got {spec!r}")
         heads[name] = str(head_folder(folder))
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    try:
+        check_address(args.host, args.port)
+    except ValueError as error:
+        raise ValueError(f"--host/--port: {error}") from None
     backend = _check_load_options(args)
     config = ServerConfig(args.verification, heads, args.max_batch, args.max_waiting, args.max_tokens,
                           _drafting(args, DEFAULT_DRAFTING[backend]), args.model_name, args.drafter)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import socket
 import sys
 
 import pytest
@@ -105,8 +106,8 @@ GENERATE = [
         ("static:-0.1", "weight must be in"), ("static:1.5", "weight must be in"), ("lossy:1", "lenience"),
         ("lossy:-0.5", "lenience"), ("cascade-opt:2", "alpha"), ("cascade-chow:nan", "alpha"),
         ("cascade-token:-1", "alpha"), ("typical:0", "epsilon"), ("typical:-1", "epsilon"),
-        ("typical:inf", "epsilon"), ("exact:0.5", "takes no parameter"), ("plain:1", "takes no parameter"),
-        ("dynamic", "weight function"))],
+        ("typical:inf", "epsilon"), ("typical:1e39", "epsilon"), ("exact:0.5", "takes no parameter"),
+        ("plain:1", "takes no parameter"), ("dynamic", "weight function"))],
     (["--head", "{root}"], "--head is for --verification diversed"),
     (["--verification", "diversed:gsm8k@+1", "--head", "{root}"],
      "--head is for --verification diversed without a head"),
@@ -387,6 +388,7 @@ SERVE = [
     (["--head", "flat={missing}"], "no head checkpoint"),
     (["--port", "0"], "--port"),
     (["--port", "70000"], "--port"),
+    (["--host", "999.1.1.1"], "--host"),
     (["--verification", "dynamic"], "weight function"),
     (["--verification", "strict"], "--verification must be one of"),
     (["--verification", "static:2"], "static"),
@@ -404,6 +406,16 @@ def test_serve_refuses_before_loading(files, capsys, no_loading, args, message):
     code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], *_fill(args, files)], capsys)
     assert code == 2 and "Traceback" not in err
     assert message in err.strip().splitlines()[-1], err
+
+
+def test_serve_refuses_a_taken_port_before_loading(files, capsys, no_loading):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, err = run(["serve", "--draft", files["draft"], "--target", files["target"], "--port", port], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"cannot listen on 127.0.0.1:{port}" in err.strip().splitlines()[-1], err
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--head", "flat={head}"], "corrupt head"),

@@ -285,6 +285,12 @@ def test_the_dial_endpoint_lists_what_a_request_may_set(server):
     ({"prompt": "t3", "draft_length": 0}, "draft_length"),
     ({"prompt": "t3", "drafter": "ngram"}, "drafter"),
     ({"prompt": "t3", "verification": "diversed", "head": "flat", "drafter": "lookup"}, "drafter"),
+    ({"prompt": "t3", "temperature": 10**400}, "temperature"),
+    ({"prompt": "t3", "top_p": -10**400}, "top_p"),
+    ({"prompt": "t3", "verification": "typical:1e39"}, "verification"),
+    ({"prompt": "t3", "top_logprobs": 0}, "top_logprobs"),
+    ({"prompt": "t3", "user": 5}, "user"),
+    ({"prompt": "t3", "metadata": "x"}, "metadata"),
 ])
 def test_bad_requests_get_400_naming_the_field(server, body, param):
     url, _ = server
@@ -317,6 +323,40 @@ def test_bad_chat_and_invalid_json_get_400(server):
     for deep in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
         status, body = _raw(url, "POST", "/v1/completions", deep)
         assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"max_completion_tokens": 2, "max_tokens": "x"}, "max_tokens"),
+    ({"max_completion_tokens": 2, "max_tokens": 3}, "max_completion_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 1}, "best_of"),
+    ({"messages": [{"role": "user", "content": "t3", "name": "bob"}]}, "messages[0].name"),
+])
+def test_bad_chat_requests_get_400_naming_the_field(server, body, param):
+    url, _ = server
+    status, reply = _raw(url, "POST", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "t3"}]} | body)
+    assert status == 400 and json.loads(reply)["error"]["param"] == param, reply
+
+
+def test_a_message_passed_back_from_a_response_is_taken_with_its_empty_fields(server):
+    url, _ = server
+    said = client(url).chat.completions.create(model="tiny-target", messages=[{"role": "user", "content": "t3"}],
+                                               max_tokens=2).choices[0].message
+    again = client(url).chat.completions.create(
+        model="tiny-target", max_completion_tokens=2, max_tokens=2,
+        messages=[{"role": "user", "content": "t3"}, said.model_dump(), {"role": "user", "content": "t4"}])
+    assert again.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/completions", 405), ("POST", "/v1/nope", 404),
+                                                         ("GET", "/v1/models/tiny-target", 404)])
+def test_unknown_paths_and_methods_get_openais_error_body(server, method, path, status):
+    url, _ = server
+    code, reply = _raw(url, method, path, None if method == "GET" else {})
+    error = json.loads(reply)["error"]
+    assert code == status and error["type"] == "invalid_request_error" and path in error["message"]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

@@ -1,5 +1,5 @@
 """The OpenAI-compatible server (`diversed serve`)."""
 
-from diversed.server.app import ServerConfig, create_app, serve
+from diversed.server.app import ServerConfig, check_address, create_app, serve
 
-__all__ = ["ServerConfig", "create_app", "serve"]
+__all__ = ["ServerConfig", "check_address", "create_app", "serve"]

@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import secrets
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from diversed.decoding.drafters import SuffixCache, make_drafter, prediction_tokens
 from diversed.decoding.engine import Batch, Job, context_room
@@ -180,8 +182,12 @@ class Server:
         except ContextTooLong as error:
             if error.field == "prediction":
                 raise BadRequest(*request_error(error, call.chat), "context_length_exceeded") from None
-            param = "max_tokens" if call.max_tokens and room >= 1 else "messages" if call.chat else "prompt"
-            raise BadRequest(error.message_for("max_tokens"), param, "context_length_exceeded") from None
+            if room < 1:  # the prompt alone leaves no room, whatever max_tokens says
+                context = room + len(ids) + self.drafting.longest + 1
+                raise BadRequest(f"the prompt ({len(ids)} tokens) and a round of drafts leave no room for a new token "
+                                 f"in the context of {context} tokens", "messages" if call.chat else "prompt",
+                                 "context_length_exceeded") from None
+            raise BadRequest(error.message_for("max_tokens"), "max_tokens", "context_length_exceeded") from None
         except RequestError as error:
             raise BadRequest(*request_error(error, call.chat)) from None
         return job
@@ -258,6 +264,12 @@ def create_app(pair: Pair, config: ServerConfig | None = None) -> FastAPI:
         server.metrics.errors.labels(str(error.status)).inc()
         headers = {"Retry-After": "1"} if error.status == 503 else None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def unrouted(request: Request, error: HTTPException) -> JSONResponse:  # no such path, or method
+        server.metrics.errors.labels(str(error.status_code)).inc()
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {error.detail}", "invalid_request_error"),
+                            status_code=error.status_code, headers=error.headers)
 
     @app.get("/", include_in_schema=False)
     async def playground() -> FileResponse:
@@ -430,10 +442,29 @@ async def _stream(server: Server, job: Job, events: _Events, reply: Reply, text:
             server.worker.wake()
 
 
+def check_address(host: str, port: int) -> None:
+    """ValueError unless this machine can listen on host:port now: a port out of range, a host it cannot
+    resolve, a port taken or not its to take, found before the models load rather than after."""
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        raise ValueError(f"host {host!r} is not an address this machine can listen on ({error})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
 def serve(pair: Pair, config: ServerConfig | None = None, *, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve `pair` until SIGINT or SIGTERM, which first lets running and queued requests finish."""
     import uvicorn
 
+    check_address(host, port)
     app = create_app(pair, config)
     print(f"the playground: http://{host}:{port}/ (the API: http://{host}:{port}/v1)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="info")

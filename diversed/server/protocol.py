@@ -12,7 +12,6 @@ adds to each choice, and to each streamed chunk's choice, `provenance`: how each
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -69,15 +68,21 @@ class Call:
     provenance: bool
 
 
-# Fields accepted only at the value that changes nothing (OpenAI's defaults).
+# Fields accepted only at the value that changes nothing (OpenAI's defaults): on both endpoints, then on one.
 _NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logprobs": (None, False, 0),
-            "top_logprobs": (None, 0), "echo": (False, None), "best_of": (1, None), "logit_bias": (None, {}),
-            "suffix": (None, ""), "n": (1, None), "tools": (None, []), "tool_choice": (None, "none"),
-            "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})}
-_IGNORED = ("user", "metadata", "store", "service_tier")  # bookkeeping fields that do not change the output
+            "logit_bias": (None, {}), "n": (1, None)}
+_ENDPOINT_NEUTRAL = {
+    False: {"echo": (False, None), "best_of": (1, None), "suffix": (None, "")},
+    True: {"top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+           "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"})},
+}
+# Bookkeeping fields that do not change the output, with the type each must have.
+_IGNORED = {"user": (str, "a string"), "metadata": (dict, "an object"), "store": (bool, "true or false"),
+            "service_tier": (str, "a string")}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
            "verification", "head", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL, *_IGNORED}
-_FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens"}}
+_FIELDS = {False: _COMMON | {"prompt", *_ENDPOINT_NEUTRAL[False]},
+           True: _COMMON | {"messages", "max_completion_tokens", *_ENDPOINT_NEUTRAL[True]}}
 _ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -88,10 +93,13 @@ def parse_call(body, chat: bool, default_verification: Verification) -> Call:
     unknown = sorted(set(body) - _FIELDS[chat])
     if unknown:
         raise BadRequest(f"unrecognized request argument: {unknown[0]}", unknown[0], "unknown_parameter")
-    for name, neutral in _NEUTRAL.items():
+    for name, neutral in (_NEUTRAL | _ENDPOINT_NEUTRAL[chat]).items():
         if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
-            what = "more than one choice (n > 1)" if name == "n" else f"{name} = {body[name]!r}"
-            raise BadRequest(f"this server does not support {what}; leave {name} out", name, "unsupported_parameter")
+            raise BadRequest(f"this server does not support {name} = {body[name]!r}; leave {name} out", name,
+                             "unsupported_parameter")
+    for name, (kind, what) in _IGNORED.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise BadRequest(f"{name} must be {what}, got {body[name]!r}", name)
     prompt = _messages(body) if chat else _prompt(body)
     verification, head = _verification(body, default_verification)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
@@ -99,8 +107,12 @@ def parse_call(body, chat: bool, default_verification: Verification) -> Call:
     if top_p == 0:
         raise BadRequest("top_p must be in (0, 1]", "top_p")
     top_k = _integer(body, "top_k", 0, 0)
-    tokens_field = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _integer(body, tokens_field, None if chat else 16, 1)
+    max_tokens = _integer(body, "max_tokens", None if chat else 16, 1)
+    if chat and (completion_tokens := _integer(body, "max_completion_tokens", None, 1)) is not None:
+        if max_tokens not in (None, completion_tokens):
+            raise BadRequest(f"max_tokens ({max_tokens}) and max_completion_tokens ({completion_tokens}) disagree: "
+                             "send one", "max_completion_tokens")
+        max_tokens = completion_tokens
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
@@ -160,6 +172,12 @@ def _messages(body: dict) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise BadRequest(f"messages[{i}] must be an object with a role in {list(_ROLES)}", f"messages[{i}].role")
+        # A message passed back from a response carries its empty fields (refusal: null, tool_calls: null):
+        # those change nothing; any other field (name, tool_calls, ...) the template would drop.
+        extra = sorted(k for k, v in message.items() if k not in ("role", "content") and v not in (None, []))
+        if extra:
+            raise BadRequest(f"this server does not support messages[{i}].{extra[0]}; leave it out",
+                             f"messages[{i}].{extra[0]}", "unsupported_parameter")
         content = message.get("content")
         if isinstance(content, list):  # content parts: text parts only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -213,8 +231,8 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or \
-            not low <= value <= high:
+    # The range test refuses NaN and infinity too, and compares an integer of any size without overflow.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise BadRequest(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}", name)
     return float(value)
 
