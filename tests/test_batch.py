@@ -168,3 +168,48 @@ def test_with_an_int8_draft_a_request_writes_the_same_alone_in_a_mixed_batch_and
     assert run(list(range(len(requests)))) == solo
     assert run(list(range(len(requests))), traffic=True) == solo
     assert any(accepted for _, _, accepted in solo.values())
+
+
+def _company_runs(models, drafter: str, temperature: float) -> tuple[tuple, tuple]:
+    """One request (lossy:0.5, seeded) alone and beside one with a prediction and another rule, on one drafter."""
+    target, draft = models
+
+    def run(company: bool) -> tuple:
+        batch = Batch(target, make_drafter(drafter, draft, capacity=2), draft_length=DraftLength(3), capacity=2)
+        mine = Job([3, 1, 4, 1, 5, 3, 1, 4], Policy(Verification("lossy", lenience=0.5), Sampling(temperature),
+                                                    torch.Generator().manual_seed(7)), 24)
+        batch.add(mine)
+        if company:
+            batch.add(Job([9, 2, 6], Policy(Verification("static", weight=0.3), Sampling(temperature),
+                                            torch.Generator().manual_seed(8)), 24, prediction=list(range(5, 29))))
+        while batch.jobs:
+            batch.step()
+        return mine.tokens, mine.stats.drafted, mine.stats.accepted, dict(mine.stats.drafters)
+
+    return run(False), run(True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "prediction"])
+def test_with_a_fixed_drafter_and_length_a_request_writes_the_same_whatever_its_company(models, drafter, temperature):
+    alone_run, in_company = _company_runs(models, drafter, temperature)
+    assert alone_run == in_company
+
+
+def test_the_auto_drafter_chooses_for_the_batch_so_only_greedy_exact_is_the_same_in_any_company(models):
+    """Without a speed model auto drafts with the draft model, but copies for every row once one row has a
+    prediction: a relaxed rule's tokens then depend on the company; greedy exact's never do (argmax p)."""
+    alone_run, in_company = _company_runs(models, "auto", 0.0)
+    assert set(alone_run[3]) == {"model"} and "prediction" not in in_company[3]
+    assert alone_run[3] != in_company[3]
+    target, draft = models
+    for company in (False, True):
+        batch = Batch(target, make_drafter("auto", draft, capacity=2), draft_length=DraftLength(3), capacity=2)
+        mine = job([3, 1, 4, 1, 5, 3, 1, 4], Verification("exact"), 24)
+        batch.add(mine)
+        if company:
+            batch.add(Job([9, 2, 6], Policy(Verification("static", weight=0.3), GREEDY,
+                                            torch.Generator().manual_seed(8)), 24, prediction=list(range(5, 29))))
+        while batch.jobs:
+            batch.step()
+        assert mine.tokens == alone(models, mine.prompt, Verification("plain"), 24)

@@ -79,13 +79,15 @@ def decode(
     """Generate up to max_new_tokens after each prompt (token ids) with `verification`.
 
     target, draft: backend models (diversed.backends) or transformers models. drafter: one of
-    diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix"), or a Drafter; default: "model"
-    with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share (default: a new
-    one). Verification "plain" decodes with the target alone; every other one needs a drafter, and "diversed" a
-    weight_fn (the trained head) that turns both models' last hidden states into a weight per drafted
-    position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a
-    stop string, or at max_new_tokens. Seeded: the same inputs give the same tokens. profile=True makes the
-    per-phase times of Generation.profile exact on a GPU (by waiting for the device around each phase).
+    diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix", "prediction"), or a Drafter;
+    default: "model" with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share
+    (default: a new one). Verification "plain" decodes with the target alone; every other one needs a drafter,
+    and "diversed" a weight_fn (the trained head) that turns both models' last hidden states into a weight per
+    drafted position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn)
+    finds a stop string, or at max_new_tokens. Seeded, the same inputs give the same tokens, except under the
+    "auto" schedule, whose draft lengths follow the clock; greedy "exact" and "plain" always do. profile=True
+    makes the per-phase times of Generation.profile exact on a GPU (by waiting for the device around each
+    phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     on_round(i, round, row, count): called after each round with prompt i's row in the Round (what the
