@@ -167,10 +167,10 @@ def test_costs_of_named_models_outlive_the_process(fresh_costs):
     later_process = CostMemory(fresh_costs.path)
     later = later_process.speed_model(("target.gguf", "draft.gguf", 1), 8)
     assert later.verify_time(3) == pytest.approx(model.verify_time(3)) and later.draft_steps
-    assert 1 not in later.width and not later.timed  # a step of the target alone is timed afresh
+    assert 1 not in later.width and later.best_length() == 0  # a step of the target alone is timed afresh
     later.observe_plain(0.04)
-    assert later.timed and later.verify_time(1) == pytest.approx(0.04)
-    assert not later_process.speed_model((1234, 5678, 1), 8).timed
+    assert later.verify_time(1) == pytest.approx(0.04) and later.draft_steps and len(later.width) == 2
+    assert not later_process.speed_model((1234, 5678, 1), 8).width
     assert fresh_costs.speed_model((1234, 5678, 1), 8).verify_time(3) == pytest.approx(model.verify_time(3))
 
 
@@ -189,7 +189,8 @@ def test_widths_timed_by_copying_alone_are_remembered(fresh_costs):
 
 def test_an_unreadable_costs_file_is_measured_afresh(fresh_costs):
     fresh_costs.path.write_text("{not json")
-    assert not fresh_costs.speed_model(("target.gguf", "draft.gguf", 1), 8).timed
+    fresh = fresh_costs.speed_model(("target.gguf", "draft.gguf", 1), 8)
+    assert not fresh.width and not fresh.draft_steps
     model = observed([5, 5], step=0.01, verify={3: 0.1})
     model.observe_plain(0.05)
     fresh_costs.keep(("target.gguf", "draft.gguf", 1), model)

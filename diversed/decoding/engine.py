@@ -372,9 +372,7 @@ class Batch:
             if self.speed is not None:
                 self.costs.keep(self._costs_key, self.speed)
                 fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections
-            elif fresh.timed:  # with costs known from an earlier batch, even the first round is chosen
-                fresh.draft_length = fresh.best_length()
-            if self.speed is None and not fresh.timed:
+            else:  # a step of the target alone is never remembered: nothing is chosen before one is timed
                 fresh.draft_length = self.draft_length.initial
             self.speed, self._costs_key = fresh, key
         return self.speed

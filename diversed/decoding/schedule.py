@@ -103,11 +103,6 @@ class SpeedModel:
         self.draft_length = 0  # the draft model's next round (best_length after each round)
         self.probe_interval = probe_every  # plain rounds before the next probe
 
-    @property
-    def timed(self) -> bool:
-        """Whether the costs are known well enough to choose the first round's length."""
-        return 1 in self.width and len(self.width) >= 2 and self.draft_steps > 0
-
     def observe(self, kept: list[int], drafted: list[int], draft_steps: int, draft_seconds: float | None,
                 verify_tokens: int, verify_seconds: float) -> None:
         """Record one round: per-sequence kept and drafted counts, the draft forwards and their total time,
