@@ -66,7 +66,8 @@ def generate(
 
     drafter: what proposes the drafts (diversed.decoding.drafters): "auto" (each round the fastest of copying
     from the text so far and earlier outputs, the draft model, or none, under the auto schedule), "model",
-    "lookup" (prompt lookup) or "suffix" (a suffix cache shared by the batches of this call, or `cache`).
+    "lookup" (prompt lookup), "suffix" (a suffix cache shared by the batches of this call, or `cache`) or
+    "prediction" (the request's prediction only).
     draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     max_new_tokens: at most so many new tokens; None: until the end of the answer (EOS or a stop string), or

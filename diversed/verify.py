@@ -187,7 +187,7 @@ def verify(
             ("lossy" and "lossy-entropy" verify against p, so greedy they are greedy exact; "cactus" against
             its raised target, so it keeps a draft its budget lifts to the top.)
         generator: the source of randomness in sampling mode, for reproducible runs.
-        validate: check shapes, ranges and that the probabilities are distributions (a few ms on large V).
+        validate: check shapes, ranges and that the probabilities are distributions (a pass over them).
 
     Returns:
         A Verdict. No Python loop over the batch: every sequence is decided at once.
@@ -397,8 +397,8 @@ def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 
     In two stages: a block of _BLOCK tokens by the block's mass, then a token within it by its weight, so
     P(token) = P(block) P(token | block) = probs[token] / sum. Why: torch.multinomial over a whole vocabulary
-    of 150k tokens costs a CPU a noticeable share of a draft step, two small draws a tenth of that
-    (benchmarks/results/notes/speed-transformers.md).
+    of 150k tokens is slow on a CPU next to two small draws (measured in
+    benchmarks/results/notes/speed-transformers.md).
     """
     rows, vocab = probs.shape
     if rows == 0:

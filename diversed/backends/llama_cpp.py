@@ -90,8 +90,7 @@ class LlamaCppModel:
 
     backend = "llama.cpp"
     # On a CPU llama.cpp's matrix kernels take a pass's tokens 16 at a time and the rest more slowly: a pass over
-    # 16 tokens costs less than one over 15, one over 64 about 11% less than one over 65 (all widths 1-65 timed:
-    # benchmarks/README.md, "Faster whole-file edits").
+    # 16 tokens costs less than one over 15 (widths 1-65 timed: benchmarks/README.md, "Faster whole-file edits").
     pass_tile = 16
 
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
@@ -173,8 +172,7 @@ class LlamaCppModel:
         params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
         # One KV buffer for every row, as llama-server's default: with a buffer per row llama.cpp splits a decode
         # into one pass per run of consecutive sequence ids, and the rows of a batch that jobs join and leave
-        # are seldom consecutive (4 rows on ids 5, 6, 7, 0 cost 1.7x rows 0-3). A row attends over its own
-        # tokens only either way (the mask).
+        # are seldom consecutive. A row attends over its own tokens only either way (the mask).
         params.kv_unified = True
         params.embeddings = False
         self._context = llama.llama_init_from_model(self._model, params)

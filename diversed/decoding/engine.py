@@ -237,7 +237,7 @@ class Batch:
             raise RequestError("max_new_tokens", f"{{}} must be >= 1, got {job.max_new_tokens}")
         if policy.drafts and self.drafter is None:
             raise ValueError(f"verification {policy.verification.label!r} needs a drafter (a draft model, or a "
-                             "drafter that copies: 'lookup', 'suffix')")
+                             "drafter that copies: 'lookup', 'suffix', 'prediction')")
         if policy.verification.rule == "dynamic" and policy.weight_fn is None:
             raise ValueError(f"verification {policy.verification.label!r} needs a weight_fn (a trained head) for its "
                              "weights")

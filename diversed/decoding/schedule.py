@@ -61,8 +61,7 @@ class SpeedModel:
     Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (expected_tokens_per_round
     for tau), and of a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
     step time, v(k) the target's forward time over k tokens per row. v is measured, since on a CPU it is far
-    from flat, and per width where it is not even a line (narrow passes: llama.cpp's 2-core pass over 8 tokens
-    has cost 2.5 passes over 4).
+    from flat, and per width where it is not even a line (narrow passes on a CPU: benchmarks/README.md).
     All are estimated from this call's rounds, older rounds weighing less (`decay` per round), since
     acceptance drifts within a text (code, then prose). The acceptance is the maximum-likelihood estimate for
     geometric runs: kept drafts / (kept drafts + rejections), starting from `prior_drafts` pseudo-drafts at

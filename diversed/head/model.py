@@ -12,7 +12,7 @@ accept with min(1, p(x) / ((1 - L_i) q(x))). Whatever it outputs, the draft can 
 most 1 / (1 - max_lenience) (docs/algorithm.md section 3.1); a mixture puts (1 - w) q on tokens where p is
 near 0. Its inputs, decided from the flip study (benchmarks/results/gsm8k-t0.1/flip-head): five numbers any
 rule can read at a flip (TV(q, p), the target's confidence, position, kind of token) ranked harmful flips as
-well as both hidden states (AUC 0.73 against 0.70), and adding the hidden states to them added nothing. So
+well as both hidden states, and adding the hidden states to them added nothing. So
 it reads the token's numbers, FEATURES, and of the hidden states only the target's: a verifier sees neither
 the position in the answer nor a token's kind, and the target's state carries both, while the draft's adds
 nothing that q does not. "lenience-target" reads the target alone (its state and TARGET_FEATURES, which
