@@ -133,7 +133,7 @@ PARAMETER_RANGES: dict[str, Range] = {
 
 def check_rule_parameters(rule: str, given: Mapping[str, object]) -> None:
     """ValueError unless `rule` gets exactly its parameters (those without a default all present; None counts
-    as absent), each a number in its range; a tensor weight is left to diversed.verify."""
+    as absent), each a number in its range (diversed.verify passes a tensor's extremes)."""
     if rule not in RULE_SPECS:
         raise ValueError(f"rule must be one of {tuple(RULE_SPECS)}, got {rule!r}")
     spec = RULE_SPECS[rule]
@@ -146,8 +146,6 @@ def check_rule_parameters(rule: str, given: Mapping[str, object]) -> None:
         if name not in spec.parameters:
             raise ValueError(f"{name} does not apply to rule {rule!r}")
         if not isinstance(value, int | float) or isinstance(value, bool):
-            if name == "weight" and hasattr(value, "shape"):  # a tensor of weights
-                continue
             raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
         allowed = spec.range(name)
         if float(value) not in allowed:

@@ -101,7 +101,7 @@ def test_a_lenience_head_starts_at_its_initial_lenience_and_stays_below_its_maxi
     drafts, q, p, h_target = block()
     for initial in (0.3, 0.9):
         head = build(HeadConfig(8, 12, kind=kind, max_lenience=0.95, initial_lenience=initial))
-        assert isinstance(head, LenienceHead) and head.rule == "lossy"
+        assert isinstance(head, LenienceHead)
         torch.testing.assert_close(head.lenience(drafts, q, p[:, :N], h_target[:, :N]), torch.full((B, N), initial))
     for architecture in ("linear", "mlp"):  # weights far from zero push the logits to either end
         head = randomised(build(HeadConfig(8, 12, architecture, kind=kind, max_lenience=0.95)), scale=10.0)

@@ -173,8 +173,6 @@ class LenienceHead(EnsembleHead):
     """A head of kind "lenience" or "lenience-target": L per drafted token for rule "lossy" (the module
     docstring says what it reads and why). Decoding calls `lenience` (diversed.decoding.policy.LenienceFn)."""
 
-    rule = "lossy"
-
     def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None = None
                  ) -> Tensor:
         """L [B, N] in [0, max_lenience] for the drafts [B, N], from q [B, N, V] (None for copied drafts;
