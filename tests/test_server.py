@@ -272,6 +272,7 @@ def test_the_dial_endpoint_lists_what_a_request_may_set(server):
     ({"prompt": "t3", "verification": "strict"}, "verification"),
     ({"prompt": "t3", "verification": "static:1.5"}, "verification"),
     ({"prompt": "t3", "verification": "diversed", "head": "missing"}, "head"),
+    ({"prompt": "t3", "verification": "diversed:missing"}, "verification"),
     ({"prompt": "t3", "verification": "diversed:flat@inf"}, "verification"),
     ({"prompt": "t3", "verification": "diversed:flat@+1", "head": "other"}, "head"),
     ({"prompt": "t3", "max_tokens": -1}, "max_tokens"),

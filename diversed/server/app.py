@@ -159,8 +159,8 @@ class Server:
             if name not in self.heads:
                 loaded = ", ".join(self.heads) or "none"
                 raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else
-                                 "verification 'diversed' needs a head and this server loaded none", "head",
-                                 "head_not_found")
+                                 "verification 'diversed' needs a head and this server loaded none",
+                                 "verification" if call.verification.head else "head", "head_not_found")
             weight_fn, verification = self.heads[name], replace(verification, head=name)
         generator = torch.Generator(device=self.pair.target.device)
         generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)

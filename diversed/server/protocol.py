@@ -296,7 +296,8 @@ class Reply:
         """One streamed chunk: new text, on the last the finish reason, and the records of the tokens decoded
         since the last chunk where the request asked for them (their text may come in a later chunk)."""
         if self.chat:
-            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
+            delta = ({"role": "assistant", "content": ""} if first else {}) | \
+                ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [_with(choice, provenance)])
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
