@@ -6,6 +6,11 @@ acceptance."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from diversed.decoding.drafters.base import CopyDrafter, DraftRound, Proposal, best_candidate, copied, copy_width
 from diversed.decoding.drafters.model import ModelDrafter
@@ -13,8 +18,9 @@ from diversed.decoding.drafters.model import ModelDrafter
 
 class AutoDrafter:
     """Copying drafters and, where the pair has one, the draft model. Without a speed model (a schedule other
-    than auto), the draft model drafts where there is one and copying otherwise. A mixture head (which reads the
-    draft model's hidden states) gets the draft model's drafts only."""
+    than auto) each row drafts by itself: from its prediction where it has one, else by the draft model where
+    there is one, else by copying. With one, a round's choice is the batch's (one pass, one width). A mixture
+    head (which reads the draft model's hidden states) gets the draft model's drafts only."""
 
     name = "auto"
 
@@ -47,11 +53,16 @@ class AutoDrafter:
         chosen = [best_candidate(options, cap) for options, cap in zip(rows, caps, strict=True)]
         best = [options[i] for options, i in zip(rows, chosen, strict=True)]
         names = [self.copiers[i].name for i in chosen]
-        if speed is None:  # the draft model where there is one, but a prediction first where a row has one
-            predicted = any(c is not None and name == "prediction" for c, name in zip(best, names, strict=True))
-            if self.model is not None and any(model_ask.caps) and not predicted:
-                return self.model.propose(model_ask)
-            return copied(best, names, None)
+        if speed is None:  # row by row, so that a row's drafts never depend on its company: its prediction
+            # where it has one, else the draft model where it may use one, else its best copy
+            by_model = [cap > 0 and not (c is not None and name == "prediction")
+                        for cap, c, name in zip(model_ask.caps, best, names, strict=True)]
+            drafted = None
+            if self.model is not None and any(by_model):
+                caps = [cap if m else 0 for cap, m in zip(model_ask.caps, by_model, strict=True)]
+                drafted = self.model.propose(replace(model_ask, caps=caps))
+            copies = copied([None if m else c for c, m in zip(best, by_model, strict=True)], names, None)
+            return _beside(drafted, copies)
         if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it
             return None
         width, copy_rate = copy_width(best, speed)
@@ -65,3 +76,26 @@ class AutoDrafter:
                     speed.model_rate(n_model, self.model.behind) >= max(copy_rate, speed.tokens_per_second(0)):
                 return self.model.propose(model_ask)
         return copied(best, names, speed) if width else None
+
+
+def _beside(drafted: Proposal | None, copies: Proposal | None) -> Proposal | None:
+    """The draft model's proposal and copied drafts for the other rows as one proposal: a copied token's q is
+    its point mass (so each rule decides it as it would alone, docs/algorithm.md section 6.1), and the round
+    costs the draft model's forwards."""
+    if drafted is None or copies is None:
+        return drafted or copies
+    width = max(drafted.tokens.shape[1], copies.tokens.shape[1])
+    device = drafted.tokens.device
+    mine = (copies.lengths > 0).unsqueeze(-1).to(device)
+    tokens = torch.where(mine, _widen(copies.tokens.to(device), width), _widen(drafted.tokens, width))
+    vocab = drafted.q.shape[-1]
+    q_drafted = torch.cat([drafted.q, F.one_hot(tokens[:, drafted.q.shape[1]:], vocab).to(drafted.q)], 1)
+    q = torch.where(mine.unsqueeze(-1), F.one_hot(tokens, vocab).to(drafted.q), q_drafted)
+    sources = [c or d for c, d in zip(copies.sources, drafted.sources, strict=True)]
+    return replace(drafted, tokens=tokens, lengths=torch.maximum(drafted.lengths, copies.lengths), q=q,
+                   hidden=None, sources=sources)
+
+
+def _widen(tokens: Tensor, width: int) -> Tensor:
+    """Drafts [B, n] padded to [B, width] by repeating each row's last (padding is never verified)."""
+    return torch.cat([tokens, tokens[:, -1:].expand(-1, width - tokens.shape[1])], 1)
