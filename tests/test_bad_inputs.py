@@ -397,6 +397,7 @@ SERVE = [
     (["--max-batch", "0"], "max_batch"),
     (["--max-waiting", "-1"], "max_waiting"),
     (["--max-tokens", "0"], "max_tokens"),
+    (["--model-name", " "], "model_name"),
     (["--draft-length", "0"], "--draft-length"),
 ]
 

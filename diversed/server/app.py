@@ -88,9 +88,12 @@ class ServerConfig:
     drafter: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_waiting < 0 or (self.max_tokens is not None and self.max_tokens < 1):
-            raise ValueError(f"max_batch and max_tokens must be >= 1 and max_waiting >= 0, got {self.max_batch}, "
-                             f"{self.max_tokens} and {self.max_waiting}")
+        for name, low in (("max_batch", 1), ("max_waiting", 0), ("max_tokens", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.model_name is not None and not self.model_name.strip():
+            raise ValueError("model_name must not be empty (leave it out for the target's name)")
         verification = Verification.parse(self.verification)
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
