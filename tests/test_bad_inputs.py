@@ -398,6 +398,7 @@ SERVE = [
     (["--max-waiting", "-1"], "max_waiting"),
     (["--max-tokens", "0"], "max_tokens"),
     (["--model-name", " "], "model_name"),
+    (["--drafter", "prediction"], "drafter 'prediction'"),
     (["--draft-length", "0"], "--draft-length"),
 ]
 

@@ -93,6 +93,7 @@ def test_streamed_chunks_join_into_the_whole_response_with_usage_last(server, ch
     finishing = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finishing) == 1
     assert not chunks[-1].choices and chunks[-1].usage.completion_tokens > 0
+    assert all(c.usage is None and "usage" in c.model_fields_set for c in chunks[:-1])  # null, as OpenAI's
     assert chunks[-1].model_extra["speculative"]["verification"] == "static:0.6"
 
 

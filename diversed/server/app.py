@@ -97,6 +97,10 @@ class ServerConfig:
         verification = Verification.parse(self.verification)
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
+        if self.drafter == "prediction":
+            raise ValueError("drafter 'prediction' as the server's default would refuse every request without a "
+                             "prediction: 'auto' drafts from a request's prediction first (a request may still "
+                             "name 'prediction')")
         if verification.name == "dynamic":
             raise ValueError("verification 'dynamic' needs a weight function: use 'diversed' with a head")
         if verification.name == "diversed" and verification.head not in (None, "default", *self.heads,
@@ -328,7 +332,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         raise BadRequest(f"the server is overloaded ({error}); retry later", None, "server_overloaded",
                          status=503) from None
     server.metrics.prompt_tokens.inc(len(job.prompt))
-    reply = Reply(chat, server.model_name)
+    reply = Reply(chat, server.model_name, call.include_usage)
     text = StreamedText(server.pair.tokenizer, call.stop)
     record = _recorder(server.pair.tokenizer) if call.provenance else None
     if call.stream:

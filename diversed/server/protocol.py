@@ -268,10 +268,12 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 
 @dataclass
 class Reply:
-    """The response envelope of one call: id, time, model and object kinds."""
+    """The response envelope of one call: id, time, model and object kinds. include_usage: streamed chunks
+    carry "usage": null until the usage chunk (OpenAI's stream_options.include_usage)."""
 
     chat: bool
     model: str
+    include_usage: bool = False
     id: str = ""
     created: int = 0
 
@@ -299,9 +301,11 @@ class Reply:
             delta = ({"role": "assistant", "content": ""} if first else {}) | \
                 ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [_with(choice, provenance)])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [_with(choice, provenance)])
+            body = self._envelope("chat.completion.chunk", [_with(choice, provenance)])
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [_with(choice, provenance)])
+        return body | {"usage": None} if self.include_usage else body
 
     def usage_chunk(self, usage: dict, speculative: dict) -> dict:
         """The chunk after the last, with usage (stream_options.include_usage) and no choices."""
