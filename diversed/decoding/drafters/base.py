@@ -121,7 +121,7 @@ class Acceptance:
 
     def observe(self, bucket: tuple, proposed: Sequence[int], written: Sequence[int]) -> int:
         """Score a proposal against what the row wrote; returns how many of its tokens matched."""
-        matched = _common_prefix(proposed, written)
+        matched = common_prefix(proposed, written)
         counts = self.counts.setdefault(bucket, list(self._prior(bucket)))
         counts[0] = self.decay * counts[0] + matched
         # A mismatch inside what was written is a rejection; a proposal longer than it tells nothing more.
@@ -142,13 +142,32 @@ class Candidate:
         return geometric_tau(self.acceptance, min(n, len(self.tokens)))
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
     return n
+
+
+LONGEST_MATCH = 8  # the longest n-gram a copying drafter looks up; a longer match is rarer and adds little
+
+
+def match_class(n: int) -> int:
+    """Match lengths (or runs of agreement) by what they predict of acceptance: 0-3 each, 4-5, 6-15, 16-63,
+    64 and more."""
+    return next((low for low in (64, 16, 6, 4) if n >= low), n)
+
+
+def outcome(last: Candidate | None, written: Sequence[int]) -> str:
+    """How a row's previous proposal fared against what it wrote: "run" (all of what could be compared
+    matched: a copy is under way), "miss", or "none" (nothing proposed)."""
+    if last is None or not written:
+        return "none"
+    compared = min(len(last.tokens), len(written))
+    return "run" if list(last.tokens[:compared]) == list(written[:compared]) else "miss"
 
 
 class CopyDrafter:
@@ -166,6 +185,7 @@ class CopyDrafter:
         self.texts: list[list[int]] = []
         self.last: list[Candidate | None] = []  # each row's latest candidate, scored by `advance`
         self.runs: list[int] = []  # per row, how many tokens in a row its proposals have foretold
+        self.outcomes: list[str] = []  # per row, how its previous proposal fared (outcome)
         self.acceptance = Acceptance()
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
@@ -176,15 +196,20 @@ class CopyDrafter:
         return run_bucket(self.runs[row], short)
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
-        self.texts.append([])
         self.last.append(None)
         self.runs.append(0)
-        self._append(len(self.texts) - 1, prompt)
+        self.outcomes.append("none")
+        self.texts.append(self._open(prompt, prediction))
+
+    def _open(self, prompt: Sequence[int], prediction: Sequence[int] | None) -> list[int]:
+        """A joining row's own state; returns its text as this drafter keeps it (the prompt, here)."""
+        return list(prompt)
 
     def select(self, rows: Sequence[int]) -> None:
         self.texts = [self.texts[r] for r in rows]
         self.last = [self.last[r] for r in rows]
         self.runs = [self.runs[r] for r in rows]
+        self.outcomes = [self.outcomes[r] for r in rows]
 
     def candidates(self, caps: Sequence[int]) -> list[Candidate | None]:
         """Every row's candidate (kept, to be scored against what the row writes)."""
@@ -196,6 +221,7 @@ class CopyDrafter:
         return copied(candidates, [self.name] * len(candidates), ask.speed)
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
+        self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
         for row, (written, last) in enumerate(zip(emitted, self.last, strict=True)):
             matched = 0 if last is None else self.acceptance.observe(last.bucket, last.tokens, written)
             # A run goes on while every proposal matched all of what could be compared with it.

@@ -7,24 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from diversed.decoding.drafters.base import Candidate, CopyDrafter
-
-LONGEST_MATCH = 8  # the longest n-gram looked up; a longer match is rarer and adds little over 8 tokens
-
-
-def match_class(n: int) -> int:
-    """Match lengths (or runs of agreement) by what they predict of acceptance: 0-3 each, 4-5, 6-15, 16-63,
-    64 and more."""
-    return next((low for low in (64, 16, 6, 4) if n >= low), n)
-
-
-def outcome(last: Candidate | None, written: Sequence[int]) -> str:
-    """How a row's previous proposal fared against what it wrote: "run" (all of what could be compared
-    matched: a copy is under way), "miss", or "none" (nothing proposed)."""
-    if last is None or not written:
-        return "none"
-    compared = min(len(last.tokens), len(written))
-    return "run" if list(last.tokens[:compared]) == list(written[:compared]) else "miss"
+from diversed.decoding.drafters.base import LONGEST_MATCH, Candidate, CopyDrafter, match_class
 
 
 class NgramIndex:
@@ -58,27 +41,25 @@ class LookupDrafter(CopyDrafter):
 
     def __init__(self) -> None:
         self.indexes: list[NgramIndex] = []
-        self.outcomes: list[str] = []
         self.places: list[int | None] = []  # per row, where the copy under way continues
         self.starts: list[int] = []  # per row, where its latest candidate was copied from
         super().__init__()
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def _open(self, prompt: Sequence[int], prediction: Sequence[int] | None) -> list[int]:
+        text = list(prompt)
         self.indexes.append(NgramIndex())
-        self.outcomes.append("none")
+        self.indexes[-1].extend(text, 0)
         self.places.append(None)
         self.starts.append(0)
-        super().add(prompt)
+        return text
 
     def select(self, rows: Sequence[int]) -> None:
         self.indexes = [self.indexes[r] for r in rows]
-        self.outcomes = [self.outcomes[r] for r in rows]
         self.places = [self.places[r] for r in rows]
         self.starts = [self.starts[r] for r in rows]
         super().select(rows)
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
-        self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
         for row, (last, written) in enumerate(zip(self.last, emitted, strict=True)):
             start, text = self.starts[row], self.texts[row]
             agrees = last is not None and text[start:start + len(written)] == list(written)

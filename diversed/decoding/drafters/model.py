@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model
-from diversed.decoding.drafters.base import DraftRound, Proposal, _common_prefix
+from diversed.decoding.drafters.base import DraftRound, Proposal, common_prefix
 from diversed.decoding.schedule import stopwatch
 
 
@@ -65,7 +65,7 @@ class ModelDrafter:
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         if self.fed is not None:  # keep what the cache saw that the row then wrote, less its last token, which
             # the next round feeds to draft from
-            self.rows.truncate([len(t) + min(_common_prefix(f, e), len(e) - 1)
+            self.rows.truncate([len(t) + min(common_prefix(f, e), len(e) - 1)
                                 for t, f, e in zip(self.texts, self.fed, emitted, strict=True)])
             self.fed = None
         for text, written in zip(self.texts, emitted, strict=True):

@@ -11,8 +11,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from difflib import SequenceMatcher
 
-from diversed.decoding.drafters.base import Acceptance, Candidate, CopyDrafter, run_bucket
-from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcome
+from diversed.decoding.drafters.base import LONGEST_MATCH, Acceptance, Candidate, CopyDrafter, match_class, run_bucket
 
 # A prediction is the user's word that the answer repeats it: a proposal from one starts as if 1 of 2 had been
 # kept (copying drafters start at 1 of 6), a long run of it from RUN_PRIOR. Both chosen by replay on the
@@ -70,25 +69,16 @@ class PredictionDrafter(CopyDrafter):
 
     def __init__(self, prior: tuple[float, float] = PRIOR, run_prior: tuple[float, float] = RUN_PRIOR) -> None:
         self.predictions: list[Prediction | None] = []
-        self.outcomes: list[str] = []
         super().__init__()
         self.acceptance = Acceptance(prior, run_prior)
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def _open(self, prompt: Sequence[int], prediction: Sequence[int] | None) -> list[int]:
         self.predictions.append(Prediction(prediction) if prediction else None)
-        self.outcomes.append("none")
-        self.last.append(None)
-        self.runs.append(0)
-        self.texts.append([])  # the row's text is its prediction's business: nothing else is copied from
+        return []  # the row's text is its prediction's business: nothing else is copied from
 
     def select(self, rows: Sequence[int]) -> None:
         self.predictions = [self.predictions[r] for r in rows]
-        self.outcomes = [self.outcomes[r] for r in rows]
         super().select(rows)
-
-    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
-        self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
-        super().advance(emitted)
 
     def _append(self, row: int, tokens: Sequence[int]) -> None:
         if (prediction := self.predictions[row]) is not None:  # the answer moves its place; no text is kept

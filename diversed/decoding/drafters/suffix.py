@@ -11,8 +11,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
-from diversed.decoding.drafters.base import Candidate, CopyDrafter
-from diversed.decoding.drafters.lookup import LONGEST_MATCH, match_class, outcome
+from diversed.decoding.drafters.base import LONGEST_MATCH, Candidate, CopyDrafter, match_class
 
 MAX_OCCURRENCES = 16  # occurrences kept per n-gram, the most recent: enough to tell a majority
 MAJORITY = 0.5  # a continuation stops where no next token follows more than this share of its occurrences
@@ -128,28 +127,19 @@ class SuffixDrafter(CopyDrafter):
         self.cache = cache
         self.ids: list[int] = []
         self.prompt_lengths: list[int] = []
-        self.outcomes: list[str] = []
         super().__init__()
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def _open(self, prompt: Sequence[int], prediction: Sequence[int] | None) -> list[int]:
         self.ids.append(self.cache.open(prompt))
         self.prompt_lengths.append(len(prompt))
-        self.outcomes.append("none")
-        self.texts.append(self.cache.texts[self.ids[-1]])  # the cache's own list: one copy of the text
-        self.last.append(None)
-        self.runs.append(0)
+        return self.cache.texts[self.ids[-1]]  # the cache's own list: one copy of the text
 
     def select(self, rows: Sequence[int]) -> None:
         for row in set(range(len(self.ids))) - set(rows):
             self.cache.finish(self.ids[row], self.prompt_lengths[row])
         self.ids = [self.ids[r] for r in rows]
         self.prompt_lengths = [self.prompt_lengths[r] for r in rows]
-        self.outcomes = [self.outcomes[r] for r in rows]
         super().select(rows)
-
-    def advance(self, emitted: Sequence[Sequence[int]]) -> None:
-        self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
-        super().advance(emitted)
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
         found = self.cache.continuation(self.texts[row], cap)
