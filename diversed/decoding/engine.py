@@ -56,10 +56,10 @@ class Generation:
 @renamed_keywords(method="verification")
 @torch.inference_mode()
 def decode(
-    target,
+    target: Model | torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
-    draft=None,
+    draft: Model | torch.nn.Module | None = None,
     drafter: str | Drafter | None = None,
     cache: SuffixCache | None = None,
     verification: Verification = Verification("exact"),
@@ -290,10 +290,11 @@ class Batch:
         speed = self._speed_model()
         prefill, self._joined = self._joined, False
         proposal = None
-        if self.drafter is not None and any(job.policy.drafts for job in self.jobs) and (speed or self.n):
+        if self.drafter is not None and any(job.policy.drafts for job in self.jobs) and \
+                (speed is not None or self.n):
             # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
             room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
-            ask = DraftRound(groups.draft_caps(self.draft_length.maximum if speed else self.n, room),
+            ask = DraftRound(groups.draft_caps(self.draft_length.maximum if speed is not None else self.n, room),
                              [job.policy.drafter for job in self.jobs], groups.draft_sample, groups.draft_hidden, speed)
             with self.clock.phase("draft"):
                 proposal = self.drafter.propose(ask)
