@@ -324,7 +324,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     if call.model is not None and call.model != server.model_name:
         raise BadRequest(f"the model {call.model!r} does not exist; this server has {server.model_name!r}", "model",
                          "model_not_found", status=404)
-    job = server.job(call)
+    job = await asyncio.to_thread(server.job, call)  # tokenizing a long prompt must not stall other connections
     events = _Events(server, job, arrived)
     try:
         server.worker.submit(job, events.fail)
