@@ -198,7 +198,8 @@ class SpeedModel:
 
     def tokens_per_second(self, n: int, acceptance: float | None = None, overhead: float = 0.0) -> float:
         """Predicted tokens per second (per sequence) of a round of n drafts (at the running acceptance, or
-        at `acceptance`), `overhead` seconds added (the draft model's catch-up); n = 0 is the target alone."""
+        at `acceptance`), `overhead` seconds added (the draft model's catch-up); n = 0 is the target alone.
+        Needs a timed verify pass, and for n > 0 a timed draft step (best_length asks only then)."""
         if n == 0:
             return 1.0 / self.verify_time(1)
         step = self.draft_time / self.draft_steps
@@ -214,7 +215,8 @@ class SpeedModel:
         """The draft length with the most predicted tokens per second (0: the target alone), but a probe
         round of drafts after `probe_every` rounds of the target alone; each probe that does not make
         drafting pay doubles the wait for the next (a probe costs the draft's catch-up on every token it
-        missed, which on a CPU is most of a target step per few tokens). Until a draft step is timed, 1."""
+        missed, which on a CPU is most of a target step per few tokens). Until a step of the target alone is
+        timed, 0 (so that one is); then, until a draft step is timed, 1."""
         if 1 not in self.width:  # time a step of the target alone once, rather than extrapolate it
             return 0
         if not self.draft_steps:  # no draft step timed yet (a new batch size, or only catch-up rounds): time one
