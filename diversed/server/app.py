@@ -190,9 +190,7 @@ class Server:
             if error.field == "prediction":
                 raise BadRequest(*request_error(error, call.chat), "context_length_exceeded") from None
             if room < 1:  # the prompt alone leaves no room, whatever max_tokens says
-                context = room + len(ids) + self.drafting.longest + 1
-                raise BadRequest(f"the prompt ({len(ids)} tokens) and a round of drafts leave no room for a new token "
-                                 f"in the context of {context} tokens", "messages" if call.chat else "prompt",
+                raise BadRequest(error.message_for("the new tokens"), "messages" if call.chat else "prompt",
                                  "context_length_exceeded") from None
             raise BadRequest(error.message_for("max_tokens"), "max_tokens", "context_length_exceeded") from None
         except RequestError as error:
