@@ -1,20 +1,27 @@
-"""Dynamic float16 and int8 linear layers: cheaper CPU models that leave lossless verification exact."""
+"""Dynamic float16 and int8 linear layers: cheaper CPU models that leave lossless verification exact, on
+every kind of x86 CPU: FBGEMM's kernels for the other kinds are forced and tested here too."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from diversed.cpu import cpu_flags
 from diversed.decoding.engine import decode
-from diversed.models.quantize import Int8Linear, quantize_linears
+from diversed.models.quantize import Float16Linear, Int8Linear, exact_int8_sums, float16_rows_agree, quantize_linears
 from diversed.request import Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
+FORCED = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS")  # FBGEMM's kernels chosen by hand, not by the CPU
+AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}  # what FBGEMM needs for its AVX-512 kernels
+
 
 def _is(weights: str, layer: torch.nn.Module) -> bool:
-    if weights == "int8":
-        return isinstance(layer, Int8Linear)
-    return isinstance(layer, DynamicLinear) and layer._packed_params.dtype == torch.float16
+    return isinstance(layer, Int8Linear if weights == "int8" else Float16Linear)
 
 
 @pytest.mark.parametrize(("weights", "max_tv"), [("float16", 1e-3), ("int8", 0.1)])
@@ -78,3 +85,32 @@ def test_greedy_exact_on_a_float16_weight_target_writes_its_own_tokens():
     fast = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=Sampling(0),
                   max_new_tokens=16, draft_length=3)
     assert fast.tokens == plain.tokens
+
+
+@pytest.mark.skipif(FORCED is not None, reason="FBGEMM's kernels are forced: the CPU's flags do not choose them")
+def test_the_probes_find_what_the_cpu_has():
+    """The README's statement of what holds where: int8 sums exact with AVX512-VNNI, float16 rows alike in
+    any call with AVX-512; the layers probe the kernels, which FBGEMM picks by these flags."""
+    flags = cpu_flags()
+    assert exact_int8_sums() == (AVX512 | {"avx512_vnni"} <= flags)
+    assert float16_rows_agree() == (AVX512 <= flags)
+
+
+@pytest.mark.skipif(FORCED != "AVX2", reason="needs FBGEMM's AVX2 kernels: the test below forces them")
+def test_the_probes_find_the_avx2_kernels_wanting():
+    assert not exact_int8_sums() and not float16_rows_agree()
+
+
+@pytest.mark.skipif(FORCED is not None, reason="the child of this test: its kernels are forced already")
+@pytest.mark.parametrize("kernels", ["AVX2", "AVX512"])
+def test_the_guarantees_hold_with_fbgemm_s_other_kernels(kernels):
+    """CI lands on x86 CPUs of several kinds, all with AVX2 at least: on whichever runs the suite, this file's
+    tests and the row-by-row test of the transformers backend run again in a child with FBGEMM forced to its
+    AVX2 kernels and to its AVX-512 kernels without VNNI (on a CPU without AVX-512, FBGEMM keeps AVX2)."""
+    tests = Path(__file__).parent
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "test_quantize.py"),
+         str(tests / "test_backends.py") + "::test_on_a_cpu_a_row_computes_the_same_bits_alone_and_beside_holes"],
+        env={**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": kernels}, capture_output=True, text=True, cwd=tests.parent)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " failed" not in run.stdout and " passed" in run.stdout
