@@ -9,18 +9,23 @@ and after other traffic, on the default pair, counting the requests whose tokens
   the batch's shape, so greedy answers may part at near-ties; this counts how often.
 - --costs (transformers): what row-by-row attention (diversed.backends.hf, which makes the first check pass
   on a CPU) costs against batched SDPA: the target's pass over 1 and 6 tokens for 1 and 6 rows of unequal
-  lengths, the two taking turns (medians).
+  lengths, the two taking turns (medians); and where FBGEMM's float16 kernels need padding to keep rows
+  batch-invariant (its AVX2 kernels: FBGEMM_ENABLE_INSTRUCTIONS=AVX2 forces them on any x86 CPU), what the
+  padding costs: the target's pass over 1, 2 and 7 tokens of one row, padded and not, taking turns.
 
     .venv/bin/python benchmarks/batch_invariance.py --backend transformers --costs \
         --out results/batch-invariance-hf.json
     .venv/bin/python benchmarks/batch_invariance.py --backend llama.cpp --prompts 52 --tokens 48 \
         --out results/batch-invariance-llama.json
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2 .venv/bin/python benchmarks/batch_invariance.py --backend transformers \
+        --costs --out results/batch-invariance-hf-avx2.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +38,7 @@ from diversed.decoding.engine import Batch, Job
 from diversed.decoding.policy import Policy
 from diversed.machine import describe
 from diversed.models.loading import Pair, load_pair
+from diversed.models.quantize import Float16Linear
 from diversed.request import DraftLength, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
@@ -102,6 +108,32 @@ def attention_costs(pair: Pair, prompt: list[int], context: int, repeats: int) -
     return {name: 1000 * statistics.median(t[1:]) for name, t in times.items()}
 
 
+@torch.inference_mode()
+def padding_costs(pair: Pair, prompt: list[int], context: int, repeats: int) -> dict[str, float]:
+    """Median ms of the target's pass over 1, 2 and 7 tokens of one row (`context` cached), with its float16
+    layers padding their calls (Float16Linear.pad) and not, taking turns; nothing where they need no padding."""
+    layers = [m for m in pair.target.model.modules() if isinstance(m, Float16Linear)]
+    if not any(layer.pad for layer in layers):
+        return {}
+    cached = (prompt * (context // len(prompt) + 1))[:context]
+    rows = pair.target.rows(1)
+    rows.feed([cached], 1)
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats + 1):  # the first round warms up
+        for pad in (True, False):
+            for layer in layers:
+                layer.pad = pad
+            for width in (1, 2, 7):
+                start = time.perf_counter()
+                rows.feed([prompt[:width]], width)
+                times.setdefault(f"{'padded' if pad else 'not padded'}, {width} tokens", []).append(
+                    time.perf_counter() - start)
+                rows.truncate([context])
+    for layer in layers:
+        layer.pad = True
+    return {name: 1000 * statistics.median(t[1:]) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("transformers", "llama.cpp"), required=True)
@@ -119,6 +151,7 @@ def main() -> None:
         for model in (pair.draft.model, pair.target.model):
             model.set_attn_implementation("sdpa")
     report = {"machine": describe(), "backend": args.backend, "tokens": args.tokens, "results": []}
+    print(f"{report['machine']}; FBGEMM kernels: {os.environ.get('FBGEMM_ENABLE_INSTRUCTIONS', 'native')}", flush=True)
     if args.backend == "transformers":
         requests = [(encode_prompt(pair.tokenizer, p), Verification.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
         labels = [f"{r} on prompt {i + 1}" for i in range(len(MIX_PROMPTS)) for r in MIX_RULES]
@@ -134,6 +167,11 @@ def main() -> None:
             costs = report["attention_ms"] = attention_costs(pair, requests[3][0], 220, 5)
             print("\n| attention, rows, tokens | ms |\n|---|---|")
             for name, ms in costs.items():
+                print(f"| {name} | {ms:.1f} |")
+            padding = report["padding_ms"] = padding_costs(pair, requests[3][0], 220, 5)
+            print("\n| float16 layers, target pass of one row | ms |\n|---|---|" if padding else
+                  "\nFBGEMM's float16 kernels here need no padding.")
+            for name, ms in padding.items():
                 print(f"| {name} | {ms:.1f} |")
     else:
         half = args.prompts // 2

@@ -4,12 +4,13 @@ kernels forced (FBGEMM_ENABLE_INSTRUCTIONS=AVX2, what an AVX2-only CPU runs; on 
 for the kernels' arithmetic, not for that CPU's speed).
 
 Per kernel set, one child process: the default draft (Qwen2.5-Coder-0.5B-Instruct, float32 safetensors) in
-float32 (the reference, plain nn.Linear), in float16 weights and in int8 (diversed.models.quantize). Closeness:
-the total variation distance between each precision's next-token distribution and float32's, and whether
-their argmax agrees, at the --positions answer positions of each of --chats chats (HumanEval test prompts
-through the chat template, each followed by float32's greedy answer): mean, max and top-1 agreement over all
-positions. Cost: a draft step over 1 and 4 rows with --context tokens cached, the precisions taking turns,
-medians of --repeats.
+float32 (the reference, plain nn.Linear), in float16 weights and in int8 (diversed.models.quantize); where
+the float16 kernels pad calls to keep rows batch-invariant, also unpadded, to price that. Closeness: the
+total variation distance between each precision's next-token distribution and float32's, and whether their
+argmax agrees, at the --positions answer positions of each of --chats chats (the README's first prompt, then
+GSM8K and HumanEval test problems in turn, through the chat template, each followed by float32's greedy
+answer): mean, max and top-1 agreement over all positions. Cost: a draft step over 1 and 4 rows with
+--context tokens cached, the precisions taking turns, medians of --repeats.
 
 The rule for the default draft precision on a CPU, fixed before the first run: int8 where, with that CPU's
 kernels, the int8 draft's mean TV to float32 is at most 0.03 and its 1-row step costs at most 0.9x the
@@ -36,23 +37,35 @@ from diversed.backends import as_model
 from diversed.machine import describe
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import load_model
-from diversed.models.quantize import exact_int8_sums, float16_rows_agree
+from diversed.models.quantize import Float16Linear, exact_int8_sums, float16_rows_agree
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
 PRECISIONS = {"float16 weights": {"dtype": "float16"}, "int8": {"dtype": "float16", "int8": True}}
 MAX_TV, MAX_COST = 0.03, 0.9  # the rule above
+FIRST_CHAT = "Write a Python function that reverses a string."
 
 
-def measure(chats: int, positions: int, context: int, repeats: int) -> dict:
+def chats(count: int) -> list[str]:
+    """The README's first prompt, then GSM8K and HumanEval test problems in turn: prose, arithmetic, code."""
+    tasks = [get_task(name).examples("test", limit=count) for name in ("gsm8k", "humaneval")]
+    return [FIRST_CHAT, *(tasks[i % 2][i // 2].prompt for i in range(count - 1))]
+
+
+def measure(count: int, positions: int, context: int, repeats: int) -> dict:
     """This process's kernels: each precision's closeness to float32 and its step costs."""
     folder = str(prepare_default_pair(progress=False)[0])
     tokenizer, reference = load_model(folder, dtype="float32", onednn=False)
     models = {name: load_model(folder, **options)[1] for name, options in PRECISIONS.items()}
+    if not float16_rows_agree():
+        models["float16 weights, unpadded"] = load_model(folder, **PRECISIONS["float16 weights"])[1]
+        for layer in models["float16 weights, unpadded"].modules():
+            if isinstance(layer, Float16Linear):
+                layer.pad = False
     texts = []
     with torch.no_grad():
-        for example in get_task("humaneval").examples("test", limit=chats):
-            prompt = torch.tensor([encode_prompt(tokenizer, example.prompt)])
+        for chat in chats(count):
+            prompt = torch.tensor([encode_prompt(tokenizer, chat)])
             answer = reference.generate(prompt, max_new_tokens=positions, min_new_tokens=positions, do_sample=False)
             texts.append(answer)
         target = [reference(t).logits[0, -positions - 1:-1].softmax(-1) for t in texts]
