@@ -13,22 +13,33 @@ VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2",
 
 
 def describe(cpuinfo: str | None = None) -> str:
-    """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; llama.cpp without AMX', say."""
+    """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; llama.cpp without AMX kernels', say.
+    Kernels narrower than the CPU's, chosen by hand, are named too: FBGEMM's forced by FBGEMM_ENABLE_INSTRUCTIONS,
+    a llama.cpp built without AVX-512 on a CPU that has it (runs that stand in for an AVX2-only CPU)."""
     flags = cpu_flags(cpuinfo)
     level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parts = [cpuinfo_fields(cpuinfo).get("model name", "unknown CPU"), f"{cores} cores", level]
     if virtualized(cpuinfo):
         parts.append("virtualized")
-    line = ", ".join(parts)
-    if "amx_int8" not in flags:  # the llama.cpp build can only matter where the CPU has AMX
-        return line
-    try:  # only here: llama-cpp-python is optional
-        from diversed.backends.llama_cpp import amx_build
-    except ImportError:
-        return line
-    return f"{line}; llama.cpp {'with' if amx_build() else 'without'} AMX kernels"
+    notes = [", ".join(parts), *_llama_cpp_build(flags)]
+    if forced := os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS"):
+        notes.append(f"FBGEMM's kernels forced to {forced}")
+    return "; ".join(notes)
 
+
+def _llama_cpp_build(flags: set[str]) -> list[str]:
+    """What the llama.cpp in use leaves out of the CPU's widest instructions, asked only where the CPU has
+    AVX-512: the one place a build can differ from the CPU."""
+    if "avx512f" not in flags:
+        return []
+    try:  # only here: llama-cpp-python is optional
+        from diversed.backends.llama_cpp import build_features
+    except ImportError:
+        return []
+    built = build_features()
+    notes = [f"llama.cpp {'with' if 'AMX_INT8' in built else 'without'} AMX kernels"] if "amx_int8" in flags else []
+    return notes + ([] if "AVX512" in built else ["llama.cpp without AVX-512 kernels"])
 
 if __name__ == "__main__":
     print(describe())

@@ -63,9 +63,16 @@ def _free(model, held: list) -> None:
     llama.llama_model_free(model)
 
 
+def build_features() -> set[str]:
+    """The instruction sets this llama.cpp was compiled for, as it names them: AVX2, AVX512, AMX_INT8, ..."""
+    info = llama.llama_print_system_info().decode(errors="replace")  # "CPU : SSE3 = 1 | AVX = 1 | ..."
+    return {name.rsplit(":", 1)[-1].strip() for name, _, value in (item.partition("=") for item in info.split("|"))
+            if value.strip() == "1"}
+
+
 def amx_build() -> bool:
     """Whether this llama.cpp was compiled with its AMX matrix kernels (a native build on an AMX CPU)."""
-    return "AMX_INT8 = 1" in llama.llama_print_system_info().decode(errors="replace")
+    return "AMX_INT8" in build_features()
 
 
 def extra_buffers_safe(has_amx_kernels: bool, under_hypervisor: bool) -> bool:
