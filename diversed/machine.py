@@ -10,12 +10,15 @@ from diversed.cpu import cpu_flags, cpuinfo_fields, virtualized
 
 # From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512 alone, AVX2).
 VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+# What makes torch's CPU kernels narrower than the CPU's (ATen's, FBGEMM's, oneDNN's): runs standing in for a
+# narrower CPU set them.
+KERNEL_CHOICES = ("ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def describe(cpuinfo: str | None = None) -> str:
     """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512 + AMX, virtualized; llama.cpp without AMX kernels', say.
-    Kernels narrower than the CPU's, chosen by hand, are named too: FBGEMM's forced by FBGEMM_ENABLE_INSTRUCTIONS,
-    a llama.cpp built without AVX-512 on a CPU that has it (runs that stand in for an AVX2-only CPU)."""
+    Kernels narrower than the CPU's, chosen by hand, are named too: torch's forced by KERNEL_CHOICES, a llama.cpp
+    built without AVX-512 on a CPU that has it (runs that stand in for an AVX2-only CPU)."""
     flags = cpu_flags(cpuinfo)
     level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -23,8 +26,8 @@ def describe(cpuinfo: str | None = None) -> str:
     if virtualized(cpuinfo):
         parts.append("virtualized")
     notes = [", ".join(parts), *_llama_cpp_build(flags)]
-    if forced := os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS"):
-        notes.append(f"FBGEMM's kernels forced to {forced}")
+    if forced := [f"{name}={os.environ[name]}" for name in KERNEL_CHOICES if os.environ.get(name)]:
+        notes.append(f"kernels forced by {', '.join(forced)}")
     return "; ".join(notes)
 
 
