@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -151,7 +150,7 @@ def main() -> None:
         for model in (pair.draft.model, pair.target.model):
             model.set_attn_implementation("sdpa")
     report = {"machine": describe(), "backend": args.backend, "tokens": args.tokens, "results": []}
-    print(f"{report['machine']}; FBGEMM kernels: {os.environ.get('FBGEMM_ENABLE_INSTRUCTIONS', 'native')}", flush=True)
+    print(report["machine"], flush=True)
     if args.backend == "transformers":
         requests = [(encode_prompt(pair.tokenizer, p), Verification.parse(r)) for p in MIX_PROMPTS for r in MIX_RULES]
         labels = [f"{r} on prompt {i + 1}" for i in range(len(MIX_PROMPTS)) for r in MIX_RULES]

@@ -16,7 +16,7 @@ The rule for the default draft precision on a CPU, fixed before the first run: i
 kernels, the int8 draft's mean TV to float32 is at most 0.03 and its 1-row step costs at most 0.9x the
 float16-weight draft's; else float16 weights.
 
-    .venv/bin/python benchmarks/draft_precision.py --out benchmarks/results/draft-precision.json
+    .venv/bin/python benchmarks/draft_precision.py --out benchmarks/results/draft-precision-MACHINE.json
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> None:
             env["FBGEMM_ENABLE_INSTRUCTIONS"] = kernels
         child = subprocess.run([sys.executable, __file__, "--child", "--chats", str(args.chats), "--positions",
                                 str(args.positions), "--context", str(args.context), "--repeats", str(args.repeats)],
-                               env=env, capture_output=True, text=True, check=True)
+                               env=env, stdout=subprocess.PIPE, text=True, check=True)  # its errors show
         runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
     print(f"\n{runs[0]['machine']}; the default draft, {args.chats} chats x {args.positions} answer positions; "
           f"steps with {args.context} tokens cached, medians of {args.repeats}\n")

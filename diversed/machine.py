@@ -1,6 +1,7 @@
 """The machine a run was on, in one line for evaluation rows and benchmark tables: the CPU's model, its cores,
-its widest vector instructions, whether it is virtualized, and, on a CPU with AMX, whether the llama.cpp in use
-has AMX kernels. Timings, and llama.cpp's sampled texts, depend on it (`python -m diversed.machine` prints it)."""
+its widest vector instructions, whether it is virtualized, and what runs narrower than the CPU: a llama.cpp
+without its AMX or AVX-512 kernels, torch's kernels forced narrower. Timings, llama.cpp's sampled texts and the
+int8 draft depend on it (`python -m diversed.machine` prints it)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from diversed.cpu import cpu_flags, cpuinfo_fields, virtualized
 
 # From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512 alone, AVX2).
 VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-# What makes torch's CPU kernels narrower than the CPU's (ATen's, FBGEMM's, oneDNN's): runs standing in for a
-# narrower CPU set them.
-KERNEL_CHOICES = ("ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+# What makes torch's CPU kernels narrower than the CPU's (ATen's, FBGEMM's, oneDNN's, MKL's): runs standing in
+# for a narrower CPU set them.
+KERNEL_CHOICES = ("ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                  "MKL_ENABLE_INSTRUCTIONS")
 
 
 def describe(cpuinfo: str | None = None) -> str:
@@ -21,6 +23,8 @@ def describe(cpuinfo: str | None = None) -> str:
     built without AVX-512 on a CPU that has it (runs that stand in for an AVX2-only CPU)."""
     flags = cpu_flags(cpuinfo)
     level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
+    if level == "AVX-512" and "avx512_vnni" not in flags:  # int8 kernels differ without it (models/quantize.py)
+        level = "AVX-512 without VNNI"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parts = [cpuinfo_fields(cpuinfo).get("model name", "unknown CPU"), f"{cores} cores", level]
     if virtualized(cpuinfo):
@@ -43,6 +47,7 @@ def _llama_cpp_build(flags: set[str]) -> list[str]:
     built = build_features()
     notes = [f"llama.cpp {'with' if 'AMX_INT8' in built else 'without'} AMX kernels"] if "amx_int8" in flags else []
     return notes + ([] if "AVX512" in built else ["llama.cpp without AVX-512 kernels"])
+
 
 if __name__ == "__main__":
     print(describe())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from diversed.backends.llama_cpp import amx_build, extra_buffers_safe
+from diversed.backends.llama_cpp import amx_build, build_features, extra_buffers_safe
 from diversed.cpu import cpu_flags
 from diversed.models.default_pair import default_gguf_pair
 
@@ -32,6 +32,12 @@ def test_the_build_has_no_amx_kernels_on_an_amx_cpu():
     if "amx_tile" not in cpu_flags():
         pytest.skip("this CPU has no AMX: the plain native build cannot hold AMX kernels")
     assert not amx_build(), "llama-cpp-python was built with AMX kernels: rerun ./setup.sh to rebuild it"
+
+
+def test_the_build_s_instruction_sets_are_read_from_its_system_info():
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | AMX_INT8 = 1 | LLAMAFILE = 1 | REPACK = 1 | "
+    assert build_features(info) == {"SSE3", "AVX", "AVX2", "AMX_INT8", "LLAMAFILE", "REPACK"}
+    assert "AVX2" in build_features()  # every x86 CPU this project runs on has AVX2, and setup.sh builds natively
 
 
 def test_the_guard_drops_extra_buffers_only_for_amx_kernels_under_a_hypervisor():

@@ -6,7 +6,7 @@ from pathlib import Path
 import diversed.cpu as cpu
 import diversed.machine as machine
 
-AMD = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f hypervisor\n"
+AMD = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f avx512_vnni hypervisor\n"
 INTEL = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 avx512f amx_tile amx_int8 hypervisor\n"
 OLD = "model name\t: Some CPU\nflags\t\t: fpu sse avx2\n"
 
@@ -24,6 +24,8 @@ def test_the_line_names_the_cpu_its_widest_vectors_and_a_hypervisor(monkeypatch)
     _natural_kernels(monkeypatch)
     assert machine.describe(AMD) == "AMD EPYC 7B13, 2 cores, AVX-512, virtualized"
     assert machine.describe(OLD) == "Some CPU, 2 cores, AVX2"
+    skylake = "model name\t: Xeon\nflags\t\t: fpu avx2 avx512f\n"  # its int8 kernels saturate: the line says why
+    assert machine.describe(skylake) == "Xeon, 2 cores, AVX-512 without VNNI"
     assert machine.describe("flags\t: fpu\n") == "unknown CPU, 2 cores, no AVX2"
 
 

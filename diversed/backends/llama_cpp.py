@@ -63,9 +63,11 @@ def _free(model, held: list) -> None:
     llama.llama_model_free(model)
 
 
-def build_features() -> set[str]:
-    """The instruction sets this llama.cpp was compiled for, as it names them: AVX2, AVX512, AMX_INT8, ..."""
-    info = llama.llama_print_system_info().decode(errors="replace")  # "CPU : SSE3 = 1 | AVX = 1 | ..."
+def build_features(info: str | None = None) -> set[str]:
+    """The instruction sets this llama.cpp was compiled for, as it names them: AVX2, AVX512, AMX_INT8, ...
+    (`info`: its system info line, "CPU : SSE3 = 1 | AVX = 1 | ..."; default: this build's)."""
+    if info is None:
+        info = llama.llama_print_system_info().decode(errors="replace")
     return {name.rsplit(":", 1)[-1].strip() for name, _, value in (item.partition("=") for item in info.split("|"))
             if value.strip() == "1"}
 

@@ -74,8 +74,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         weight = linear.weight.detach().float()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        levels = 127 if exact_int8_sums() else 63  # 2 x 255 x 63 fits a 16-bit pair sum
-        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / levels
+        largest = 127 if exact_int8_sums() else 63  # the largest weight code: 2 x 255 x 63 fits a 16-bit pair sum
+        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / largest
         quantized = torch.quantize_per_channel(weight, scale.double(), torch.zeros(len(scale), dtype=torch.long),
                                                0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)  # the bias is added after rescaling
@@ -100,7 +100,8 @@ class Int8Linear(nn.Module):
 class Float16Linear(nn.Module):
     """y = x W^T + b with W in float16 and float32 arithmetic (FBGEMM's kernel). Where the kernel's bits for a
     row depend on the call's row count (float16_rows_agree), a call of r rows is padded with zero rows to a
-    count FBGEMM deals to its 3- to 6-row kernels only: r = 1 or 2 (mod 6) gets 2 or 1 more."""
+    count FBGEMM deals to its 3- to 6-row kernels only: r = 1 or 2 (mod 6) gets 2 or 1 more (FBGEMM deals rows in
+    blocks of 120, a multiple of 6, so the rule holds past one block)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -139,7 +140,7 @@ def quantize_linears(model: nn.Module, weights: str) -> nn.Module:
 
     # Packing the weights is most of loading and releases the GIL: one thread per core.
     with warnings.catch_warnings(), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        # torch 2.13 warns that torch.ao quantization is deprecated: known, see the module docstring.
+        # torch 2.13 warns that its quantized tensors and ops are deprecated: known, see the module docstring.
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         for (parent, name, _), dynamic in zip(linears, pool.map(convert, [c for *_, c in linears]), strict=True):
