@@ -9,8 +9,10 @@ import os
 
 from diversed.cpu import cpu_flags, cpuinfo_fields, virtualized
 
-# From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512 alone, AVX2).
-VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+# From the widest down: the first the CPU has names its class (AVX-512 with AMX, AVX-512, AVX2). AVX-512 without
+# VNNI is a class of its own: FBGEMM's int8 sums saturate there (diversed/models/quantize.py).
+VECTOR_LEVELS = (("amx_int8", "AVX-512 + AMX"), ("avx512_vnni", "AVX-512"), ("avx512f", "AVX-512 without VNNI"),
+                 ("avx2", "AVX2"))
 # What makes torch's CPU kernels narrower than the CPU's (ATen's, FBGEMM's, oneDNN's, MKL's): runs standing in
 # for a narrower CPU set them.
 KERNEL_CHOICES = ("ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
@@ -23,8 +25,6 @@ def describe(cpuinfo: str | None = None) -> str:
     built without AVX-512 on a CPU that has it (runs that stand in for an AVX2-only CPU)."""
     flags = cpu_flags(cpuinfo)
     level = next((name for flag, name in VECTOR_LEVELS if flag in flags), "no AVX2")
-    if level == "AVX-512" and "avx512_vnni" not in flags:  # int8 kernels differ without it (models/quantize.py)
-        level = "AVX-512 without VNNI"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parts = [cpuinfo_fields(cpuinfo).get("model name", "unknown CPU"), f"{cores} cores", level]
     if virtualized(cpuinfo):

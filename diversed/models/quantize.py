@@ -35,6 +35,9 @@ import torch
 from torch import nn
 
 WEIGHT_TYPES = ("float16", "int8")
+# Zero rows that take a call of r rows, by r mod 6, to a count FBGEMM's AVX2 float16 kernels deal to their 3- to
+# 6-row kernels only (its partition_avx2 table, in blocks of 120 rows, a multiple of 6).
+FLOAT16_PADDING = {1: 2, 2: 1}
 
 
 @functools.cache
@@ -99,9 +102,8 @@ class Int8Linear(nn.Module):
 
 class Float16Linear(nn.Module):
     """y = x W^T + b with W in float16 and float32 arithmetic (FBGEMM's kernel). Where the kernel's bits for a
-    row depend on the call's row count (float16_rows_agree), a call of r rows is padded with zero rows to a
-    count FBGEMM deals to its 3- to 6-row kernels only: r = 1 or 2 (mod 6) gets 2 or 1 more (FBGEMM deals rows in
-    blocks of 120, a multiple of 6, so the rule holds past one block)."""
+    row depend on the call's row count (float16_rows_agree), a call is padded with zero rows to a count FBGEMM
+    deals to its 3- to 6-row kernels only (FLOAT16_PADDING)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -113,7 +115,7 @@ class Float16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
         rows = len(flat)
-        padding = {1: 2, 2: 1}.get(rows % 6, 0) if self.pad else 0
+        padding = FLOAT16_PADDING.get(rows % 6, 0) if self.pad else 0
         if padding:
             flat = torch.cat([flat, flat.new_zeros(padding, self.in_features)])
         out = torch.ops.quantized.linear_dynamic_fp16(flat, self._packed)[:rows]
