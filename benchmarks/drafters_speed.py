@@ -9,7 +9,7 @@ whole generation, prompt processing included, for every engine alike), time per 
 per verify pass (tau), the ratio to plain llama.cpp, the decode rate (tokens after the first over the time
 after the prompt pass, the target's pass over each prompt timed once on our backend and taken out of every
 configuration's time alike) and its ratio, and for relaxed rules nothing about quality (that is
-`diversed eval`'s job: benchmarks/README.md has the pass rates). Configurations take turns prompt by prompt,
+`diversed eval`'s job: benchmarks/results/file-edit-t0.7 has pass rates). Configurations take turns prompt by prompt,
 the order reversing every prompt, so that a slow spell of the machine spreads over all of them.
 
 - plain llama.cpp: llama_speed.plain_llama (llama-cpp-python's low-level API, llama.cpp's sampler chain).

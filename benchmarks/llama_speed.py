@@ -13,8 +13,8 @@ slow spell of a shared machine spreads over all of them.
   whose AMX kernels fault on virtualized CPUs, against which setup.sh's build is measured.
 - ours: `diversed.decode` on the llama.cpp backend, per --ours (verification@drafting[@quantization]; drafting N,
   auto:N or default; quantization Q3_K_S or Q2_K for the draft requantized by llama.cpp, else its Q4_K_M).
-- llama.cpp-spec: `llama-speculative-simple` (built from the llama.cpp source that the llama-cpp-python
-  sdist vendors; benchmarks/README.md has the commands) on the same GGUF pair, `--spec-type draft-simple`,
+- llama.cpp-spec: `llama-speculative-simple` (built from the llama.cpp source that the llama-cpp-python sdist
+  vendors; benchmarks/results/notes/llama-speed.md has the commands) on the same GGUF pair, `--spec-type draft-simple`,
   at each --spec-n; it accepts a draft iff it equals the target's own sampled token, so at T = 1 its
   acceptance is below rejection sampling's. Its time is its reported prompt encoding plus decoding (its
   model loading excluded, as ours is).

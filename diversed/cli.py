@@ -21,6 +21,26 @@ TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2tu
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except RequestError as err:  # a request's value, said with its flag
+        print(f"diversed {args.command}: error: {_one_line(err.message_for(_flag(err.field)))}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:  # what the user asked
+        print(f"diversed {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except (RuntimeError, OSError) as err:  # what the machine could not do
+        print(f"diversed {args.command}: failed: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"diversed {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: each command's parser, with the function that runs it (`run`)."""
     parser = argparse.ArgumentParser(
         prog="diversed", description="Relaxed speculative decoding with learned dynamic ensemble verification.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -38,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                                     f"shipped for the built-in pair ({', '.join(PRETRAINED_HEADS)}; default "
                                     f"{DEFAULT_HEAD}); --verification diversed:HEAD@+1 shifts its logit by +1 "
                                     "(stricter)")
-    gen.add_argument("--delta", type=float, help="the entropy factor of 'typical' (default 0.3)")
+    gen.add_argument("--delta", type=float, help=argparse.SUPPRESS)  # typical:EPS,delta=D; one release more
     _add_model_options(gen)
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -113,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--draft-confidence", type=float, default=0.0,
                     help="stop drafting below this draft probability (default 0: a constant draft length, so that "
                          "acceptance rates compare across verifications)")
-    ev.add_argument("--draft-schedule", choices=SCHEDULES, default="constant",
+    ev.add_argument("--draft-schedule", default="constant", metavar="|".join(SCHEDULES),
                     help="constant (default), heuristic, or auto (the speed model; --draft-length is then the longest)")
-    ev.add_argument("--drafter", choices=DRAFTERS, default="model",
+    ev.add_argument("--drafter", default="model", metavar="|".join(DRAFTERS),
                     help="what drafts: model (default, the draft model), lookup, suffix or auto (see generate)")
     ev.add_argument("--prediction", action="store_true",
                     help="send each example's input text as its predicted output (Predicted Outputs; file-edit: "
@@ -163,22 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prep = commands.add_parser("prepare", help="assemble, check and convert the built-in default pair")
     prep.set_defaults(run=_prepare)
-
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except RequestError as err:  # a request's value, said with its flag
-        print(f"diversed {args.command}: error: {_one_line(err.message_for(_flag(err.field)))}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as err:  # what the user asked
-        print(f"diversed {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except (RuntimeError, OSError) as err:  # what the machine could not do
-        print(f"diversed {args.command}: failed: {_one_line(err)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"diversed {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return parser
 
 
 def _one_line(error: BaseException | str) -> str:
@@ -187,7 +192,7 @@ def _one_line(error: BaseException | str) -> str:
 
 def _flag(field: str) -> str:
     """The option that sets a request's field (diversed.request's names) on the command line."""
-    return {"prompt": "prompt", "draft_length": "--draft-length"}.get(field, "--" + field.replace("_", "-"))
+    return {"prompt": "prompt", "chat": "--no-chat"}.get(field, "--" + field.replace("_", "-"))
 
 
 def _add_sandbox_option(parser: argparse.ArgumentParser) -> None:
@@ -215,14 +220,14 @@ def _old_spelling(parser: argparse.ArgumentParser, old: str, new: str, **kwargs)
 
 
 def _add_drafting_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", choices=DRAFTERS, default="auto",
+    parser.add_argument("--drafter", default="auto", metavar="|".join(DRAFTERS),
                         help="what drafts: auto (default: each round the fastest of copying text, the draft model, "
                              "or none), model (the draft model), lookup (prompt lookup in the row's own text), "
                              "suffix (a suffix cache over the text and earlier outputs)")
     parser.add_argument("--draft-length", type=int,
                         help="drafted tokens per round N (the first round's N of the other schedules)")
     _old_spelling(parser, "--draft-len", "--draft-length", type=int)
-    parser.add_argument("--draft-schedule", choices=SCHEDULES,
+    parser.add_argument("--draft-schedule", metavar="|".join(SCHEDULES),
                         help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
                              "round the N, 0 = the target alone, that the speed model predicts fastest, from "
                              "measured costs and running acceptance)")
@@ -250,33 +255,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from diversed.request import Verification, check_request
-
-    verification = Verification.parse(args.verification)
-    if args.head is not None:  # a folder as it is: never read for a shift, whatever '@' it holds
-        if verification.name != "diversed" or verification.head not in (None, args.head):
-            raise ValueError(f"--head is for --verification diversed without a head of its own, not "
-                             f"{args.verification!r}")
-        verification = replace(verification, head=args.head)
-    if verification.name == "dynamic":
-        raise ValueError("--verification dynamic takes its weights from a Python weight function; on the command "
-                         "line use --verification diversed (a trained head)")
-    if args.delta is not None:
-        if verification.name == "cactus":  # its own delta, the KL budget, is set as its parameter
-            raise ValueError("--delta is typical's entropy factor; cactus's budget is --verification cactus:DELTA")
-        verification = replace(verification, delta=args.delta)
     # Everything is checked before the models load (tens of seconds): a typo costs nothing.
-    backend = _check_load_options(args)
-    prediction = None if args.prediction is None else _read_prediction(args)
-    request = check_request(_read_prompts(args), verification=verification, drafter=args.drafter,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            draft_length=_drafting(args, DEFAULT_DRAFTING[backend]),
-                            max_new_tokens=args.max_new_tokens, stop=args.stop, batch_size=args.batch_size,
-                            seed=args.seed, prediction=prediction)
-    if verification.name == "diversed":
-        head_folder(verification.head)  # its files only: a missing head is refused before the models load
-    if args.system is not None and not args.system.strip():
-        raise ValueError("--system is empty")
+    request = _request(args)
+    if request.verification.name == "diversed":
+        head_folder(request.verification.head)  # its files only: a missing head is refused before the models load
     if args.stream and (args.json or args.batch_size > 1):
         raise ValueError("--stream prints one prompt's text at a time: not with --json or --batch-size > 1")
     if args.provenance and not args.json:
@@ -284,26 +266,49 @@ def _generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from diversed.decoding.drafters import SuffixCache
-    from diversed.generation import generate
+    from diversed.decoding.schedule import CostMemory
+    from diversed.generation import run
+    from diversed.models.default_pair import costs_file
 
     pair = _load(args)
-    options = dict(verification=verification, drafter=args.drafter, cache=SuffixCache(), temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p,
-                   draft_length=request.draft_length, max_new_tokens=args.max_new_tokens, stop=request.stop,
-                   chat=False if args.no_chat else None, system=args.system, profile=args.profile,
-                   prediction=prediction, provenance=args.provenance)
-    if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes, then metrics
-        for i, prompt in enumerate(request.prompts):
-            _print_completion(generate(pair, prompt, seed=args.seed + i, **options, on_text=lambda _, piece: print(
-                piece, end="", flush=True))[0], args, streamed=True)
-        return 0
-    # A progress line on stderr for a generation that takes a while (a terminal only; gone when it ends).
-    with tqdm(desc="generating", unit=" tokens", delay=2, leave=False, disable=None, file=sys.stderr) as bar:
-        completions = generate(pair, request.prompts, batch_size=args.batch_size, seed=args.seed, **options,
-                               on_tokens=lambda _, new: bar.update(len(new)))
+    costs, cache = CostMemory(costs_file()), SuffixCache()  # costs: what earlier runs measured
+    try:
+        if args.stream:  # prompt by prompt (as --batch-size 1 runs them, seeds included): text as it comes
+            for i, (prompt, prediction) in enumerate(zip(request.prompts, request.predictions, strict=True)):
+                one = replace(request, prompts=(prompt,), predictions=(prediction,), seed=request.seed + i)
+                completion, = run(pair, one, profile=args.profile, cache=cache, costs=costs,
+                                  on_text=lambda _, piece: print(piece, end="", flush=True))
+                _print_completion(completion, args, streamed=True)
+            return 0
+        # A progress line on stderr for a generation that takes a while (a terminal only; gone when it ends).
+        with tqdm(desc="generating", unit=" tokens", delay=2, leave=False, disable=None, file=sys.stderr) as bar:
+            completions = run(pair, request, profile=args.profile, cache=cache, costs=costs,
+                              on_tokens=lambda _, new: bar.update(len(new)))
+    finally:
+        costs.save()
     for c in completions:
         _print_completion(c, args)
     return 0
+
+
+def _request(args: argparse.Namespace):
+    """The command line's words as a Request (diversed.request checks each): --verification with --head, the
+    sampling numbers, the drafting flags over the backend's default, the prompts and --prediction read."""
+    from diversed.request import Request, Sampling, Verification
+
+    verification = Verification.parse(args.verification).with_head(args.head)  # a folder as it is, '@' and all
+    if args.delta is not None:
+        print("diversed generate: warning: --delta is now --verification typical:EPSILON,delta=DELTA; --delta stops "
+              "working in the next release", file=sys.stderr)
+        if verification.name != "typical":
+            raise ValueError(f"--delta is typical's entropy factor, not {verification.label!r}'s")
+        verification = replace(verification, delta=args.delta)
+    backend = _check_load_options(args)
+    prediction = None if args.prediction is None else _read_prediction(args)
+    return Request(_read_prompts(args), verification, Sampling(args.temperature, args.top_k, args.top_p),
+                   args.drafter, _drafting(args, DEFAULT_DRAFTING[backend]), None, args.max_new_tokens,
+                   tuple(args.stop), args.seed, prediction, args.provenance, False if args.no_chat else None,
+                   args.system, args.batch_size)
 
 
 def _print_completion(c, args: argparse.Namespace, streamed: bool = False) -> None:
@@ -377,8 +382,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from diversed.decoding.schedule import CostMemory
     from diversed.evaluation.report import markdown_table
     from diversed.evaluation.run import EvalConfig, check_out_dir, evaluate, parse_verifications
+    from diversed.models.default_pair import costs_file
     from diversed.tasks import get_task
 
     _sandbox(args)
@@ -397,7 +404,11 @@ def _eval(args: argparse.Namespace) -> int:
     _init_distributed(args)
     pair = _load(args)
     config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)
-    summaries = evaluate(pair, task, verifications, config, args.out, resume=args.resume)
+    costs = CostMemory(costs_file())  # what earlier runs measured, for the auto schedule
+    try:
+        summaries = evaluate(pair, task, verifications, config, args.out, resume=args.resume, costs=costs)
+    finally:
+        costs.save()
     if summaries:
         print(markdown_table(summaries, task.metric))
     return 0

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from diversed.decoding.drafters import SuffixCache, prediction_tokens
-from diversed.decoding.engine import context_room, decode
-from diversed.decoding.policy import WeightFn
+from diversed.admission import admit
+from diversed.decoding.drafters import SuffixCache, make_drafter, prediction_tokens
+from diversed.decoding.engine import Batch, Job
+from diversed.decoding.policy import Head
 from diversed.decoding.provenance import records
-from diversed.head.model import EnsembleHead
+from diversed.decoding.schedule import CostMemory
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, DraftLength, Verification, check_request, renamed_keywords
-from diversed.text import StreamedText, TokenTexts, cut_at_stop, encode_prompt, stop_checker
+from diversed.request import DEFAULT_DRAFTING, DraftLength, Request, Verification, renamed_keywords
+from diversed.text import StreamedText, TokenTexts, cut_at_stop
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Completion:
             ({} if self.provenance is None else {"provenance": self.provenance})
 
 
-@renamed_keywords(method="verification")
+@renamed_keywords(method="verification", weight_fn="head")
 def generate(
     pair: Pair,
     prompts: str | Sequence[str | list[dict]],
@@ -46,23 +47,24 @@ def generate(
     top_p: float = 1.0,
     draft_length: int | DraftLength | None = None,
     max_new_tokens: int | None = None,
-    stop: Sequence[str] = (),
+    stop: str | Sequence[str] = (),
     chat: bool | None = None,
     system: str | None = None,
     batch_size: int = 1,
     seed: int = 0,
-    weight_fn: WeightFn | None = None,
+    head: Head | None = None,
     profile: bool = False,
     on_text: Callable[[int, str], None] | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     cache: SuffixCache | None = None,
     prediction: str | Sequence[str | None] | None = None,
     provenance: bool = False,
+    costs: CostMemory | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
     with the pair and a verification ("plain", "exact", "static:0.7",
-    "diversed:HEAD" with a head's folder or a shipped head's name, ...). weight_fn overrides the head of a
-    "diversed" verification (or drives "dynamic").
+    "diversed:HEAD" with a head's folder or a shipped head's name, ...). head: a head or weight function that
+    overrides the head of a "diversed" verification (or drives "dynamic").
 
     drafter: what proposes the drafts (diversed.decoding.drafters): "auto" (each round the fastest of copying
     from the text so far and earlier outputs, the draft model, or none, under the auto schedule), "model",
@@ -71,7 +73,7 @@ def generate(
     draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     max_new_tokens: at most so many new tokens; None: until the end of the answer (EOS or a stop string), or
-    as many as the models' context leaves after the longest prompt of a batch, as llama.cpp and OpenAI do.
+    as many as the models' context leaves after the prompt, as llama.cpp and OpenAI do.
     stop: strings that end a sequence; its text is cut before the first one.
     batch_size: prompts decoded together (each batch's metrics carry its own wall time).
     profile: add metrics["profile"], the seconds per phase of the prompt's batch (exact on a GPU too).
@@ -84,64 +86,60 @@ def generate(
     provenance: each Completion's `provenance` says how each new token was made: drafted and kept (by which
     drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
     alone, with the probabilities behind it (diversed.decoding.provenance).
+    costs: the auto schedule's measured costs to start from and add to (CostMemory; None: this call's own).
     """
-    request = check_request(prompts, verification=verification, drafter=drafter, temperature=temperature,
-                            top_k=top_k, top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens,
-                            stop=stop, batch_size=batch_size, seed=seed, prediction=prediction)
-    prompts, verification, stop = request.prompts, request.verification, request.stop
-    draft_length = DEFAULT_DRAFTING[pair.backend] if request.draft_length is None else request.draft_length
-    if verification.name == "diversed" and weight_fn is None:
-        weight_fn = load_head(pair, verification.head)
-    tokenizer = pair.tokenizer
-    if (chat or (chat is None and any(isinstance(p, list) for p in prompts))) and tokenizer.chat_template is None:
-        raise ValueError(f"the tokenizer of {pair.target_name} has no chat template; pass chat=False and text "
-                         "prompts")
-    if chat is False and any(isinstance(p, list) for p in prompts):
-        raise ValueError("a conversation (chat messages) needs the chat template: not with chat=False")
-    ids = [encode_prompt(tokenizer, p, chat, system) for p in prompts]
-    predicted = [None if text is None else tokenizer(text, add_special_tokens=False)["input_ids"]
-                 for text in request.predictions]
+    request = Request.of(prompts, verification=verification, drafter=drafter, temperature=temperature, top_k=top_k,
+                         top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
+                         prediction=prediction, provenance=provenance, chat=chat, system=system,
+                         batch_size=batch_size)
+    heads = None if head is None else {request.verification.head: head}
+    return run(pair, request, heads=heads, profile=profile, on_text=on_text, on_tokens=on_tokens, cache=cache,
+               costs=costs)
 
-    streams = [StreamedText(tokenizer, stop) for _ in prompts]
 
-    def stream(i: int, new: list[int]) -> None:
+def run(pair: Pair, request: Request, *, heads: Mapping[str | None, Head] | None = None, profile: bool = False,
+        on_text: Callable[[int, str], None] | None = None, on_tokens: Callable[[int, list[int]], None] | None = None,
+        cache: SuffixCache | None = None, costs: CostMemory | None = None) -> list[Completion]:
+    """generate() for a Request built already (the command line builds one before the models load): admitted
+    (diversed.admission.admit; heads as there), then decoded request.batch_size prompts at a time."""
+    jobs = admit(request, pair, heads)
+    tokenizer, stop = pair.tokenizer, request.stop
+    drafting = request.drafting or DEFAULT_DRAFTING[pair.backend]
+    streams = [StreamedText(tokenizer, stop) for _ in jobs]
+
+    def stream(job: Job, new: list[int]) -> None:
+        i = index[id(job)]
         if on_tokens is not None:
             on_tokens(i, new)
         if on_text is not None and (piece := streams[i].add(new)):
             on_text(i, piece)
 
+    index = {id(job): i for i, job in enumerate(jobs)}
     completions, cache = [], SuffixCache() if cache is None else cache
-    for start in range(0, len(prompts), batch_size):
-        batch = slice(start, start + batch_size)
-        out = decode(pair.target, ids[batch], draft=pair.draft, drafter=drafter, cache=cache, verification=verification,
-                     sampling=request.sampling, draft_length=draft_length,
-                     max_new_tokens=max_new_tokens or max(1, context_room(
-                         (pair.target, pair.draft), max(map(len, ids[batch])), draft_length.longest)),
-                     eos_token_ids=pair.eos_token_ids,
-                     stop=stop_checker(tokenizer, stop),
-                     weight_fn=weight_fn, seed=seed + start, profile=profile,
-                     on_tokens=None if on_text is None and on_tokens is None else
-                     lambda row, new, start=start: stream(start + row, new),
-                     predictions=predicted[batch], provenance=provenance)
-        for i, (prompt, tokens, stats, origins) in enumerate(zip(prompts[batch], out.tokens, out.stats, out.origins,
-                                                                 strict=True), start):
-            text = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stop)
+    for start in range(0, len(jobs), request.batch_size):
+        batch_jobs = jobs[start:start + request.batch_size]
+        drafter = None if request.verification.name == "plain" else \
+            make_drafter(request.drafter, pair.draft, capacity=len(batch_jobs), confidence=drafting.confidence,
+                         cache=cache)
+        batch = Batch(pair.target, drafter, draft_length=drafting, eos_token_ids=pair.eos_token_ids,
+                      capacity=len(batch_jobs), profile=profile, costs=costs)
+        for job in batch_jobs:
+            job.on_tokens = None if on_text is None and on_tokens is None else stream
+            batch.add(job)
+        while batch.jobs:
+            batch.step()
+        batch.close()
+        out = batch.generation(batch_jobs)
+        for i, (job, stats, origins) in enumerate(zip(batch_jobs, out.stats, out.origins, strict=True), start):
+            text = cut_at_stop(tokenizer.decode(job.tokens, skip_special_tokens=True), stop)
             if on_text is not None and (rest := streams[i].add([], final=True)):
                 on_text(i, rest)
-            metrics = {**stats.to_dict(), "verification": verification.label} | (
+            metrics = {**stats.to_dict(), "verification": request.verification.label} | (
                 {"profile": out.profile} if profile else {})
-            if predicted[i] is not None:
-                accepted, rejected = prediction_tokens(predicted[i], tokens)
+            if job.prediction is not None:
+                accepted, rejected = prediction_tokens(job.prediction, job.tokens)
                 metrics |= {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
-            completions.append(Completion(prompt, text, tokens, metrics, records(
-                tokenizer, tokens, TokenTexts(tokenizer).add(tokens), origins) if provenance else None))
+            completions.append(Completion(request.prompts[i], text, job.tokens, metrics, records(
+                tokenizer, job.tokens, TokenTexts(tokenizer).add(job.tokens), origins) if request.provenance
+                else None))
     return completions
-
-
-def load_head(pair: Pair, head: str | None = None) -> EnsembleHead:
-    """A trained head for this pair (a folder, or the name of a head shipped for the default pair; None: the
-    default one), refused if it was trained for other models."""
-    draft = pair.draft
-    return EnsembleHead.load(head, draft_hidden=None if draft is None else draft.hidden_size,
-                             target_hidden=pair.target.hidden_size, draft_model=None if draft is None else
-                             pair.draft_name, target_model=pair.target_name).to(pair.target.device)

@@ -13,7 +13,7 @@ import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 class RequestError(ValueError):
@@ -32,6 +32,10 @@ class RequestError(ValueError):
 
 class ContextTooLong(RequestError):
     """A prompt and its new tokens that do not fit the model's context."""
+
+
+class HeadNotFound(RequestError):
+    """A verification's head that is not there (not loaded by a server, no such folder or shipped head)."""
 
 
 # The largest float32: the rules compute in float32, where a larger parameter overflows.
@@ -65,6 +69,19 @@ class Range:
 _UNIT = Range(0.0, 1.0)
 _POSITIVE = Range(0.0, low_open=True)
 _NON_NEGATIVE = Range(0.0)
+
+
+def _check_number(field: str, value, allowed: Range, what: str) -> None:
+    """A real number (not a bool, not NaN) in its range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or float(value) not in allowed:
+        raise RequestError(field, f"{{}} must be {what}, got {_show(value)}")
+
+
+def _check_integer(field: str, value, low: int, note: str = "") -> None:
+    """An integer (not a bool) from low to below 2**63 (a seed torch takes; any count a request could mean)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+        raise RequestError(field, f"{{}} must be an integer >= {low}{note}, got {_show(value)}")
+
 
 # Medusa's defaults for typical acceptance (posterior threshold 0.09, alpha 0.3).
 TYPICAL_EPSILON = 0.09
@@ -163,12 +180,9 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.temperature < math.inf:
-            raise RequestError("temperature", f"{{}} must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise RequestError("top_k", f"{{}} must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise RequestError("top_p", f"{{}} must be in (0, 1], got {self.top_p}")
+        _check_number("temperature", self.temperature, Range(0.0), "a number >= 0")
+        _check_integer("top_k", self.top_k, 0, " (0 = off)")
+        _check_number("top_p", self.top_p, Range(0.0, 1.0, low_open=True), "a number in (0, 1]")
 
     @property
     def greedy(self) -> bool:
@@ -179,9 +193,12 @@ VERIFICATIONS = ("plain", *RULE_SPECS, "diversed")
 # Old spellings that still work for one release, with a warning. The target alone was verification "auto", the
 # name the drafter and the draft schedule use for the speed model's choice each round; it is "plain" now.
 RENAMED_VERIFICATIONS = {"auto": "plain"}
-# What proposes the drafts (diversed.decoding.drafters): the speed model's choice each round, the draft model,
-# prompt lookup, the suffix cache or the request's prediction (Predicted Outputs).
-DRAFTERS = ("auto", "model", "lookup", "suffix", "prediction")
+# The drafters (diversed.decoding.drafters), one file each: name -> "module.Class" there, in the order the "auto"
+# drafter prefers them when they tie. Adding a drafter is its file and its line here. "auto" is none of them: each
+# round the fastest of them all (the speed model's choice, or row by row under another schedule).
+DRAFTER_CLASSES = {"prediction": "prediction.PredictionDrafter", "lookup": "lookup.LookupDrafter",
+                   "suffix": "suffix.SuffixDrafter", "model": "model.ModelDrafter"}
+DRAFTERS = ("auto", *DRAFTER_CLASSES)
 SCHEDULES = ("constant", "heuristic", "auto")
 
 
@@ -233,8 +250,13 @@ class Verification:
         'diversed:DIR@+1' (the head shifted by +1 logit; 'diversed:@+1': the default head shifted); a rule's
         other parameters follow by name: 'lossy-entropy:0.5,entropy_threshold=1.2', 'judi:0.1,max_confidence=0.8',
         'typical:0.09,delta=0.5'."""
+        if not isinstance(text, str):
+            raise RequestError("verification", f"{{}} must be a string like 'exact' or 'static:0.7', got {_show(text)}")
         name, _, value = text.partition(":")
         name = _current_name(name)
+        if name == "dynamic":  # its weights come from a Python function, which no text can name
+            raise RequestError("verification", "{} 'dynamic' takes its weights from a Python weight function; name "
+                                               "a trained head with 'diversed' or 'diversed:HEAD'")
         if not value or name not in VERIFICATIONS:
             return cls(name)  # an unknown name is refused as such, whatever follows it
         if name not in _FIRST:
@@ -256,6 +278,18 @@ class Verification:
             raise
         except ValueError as err:
             raise RequestError("verification", f"cannot read {{}} {text!r}: {err}") from None
+
+    def with_head(self, head: str | None, field: str = "head") -> Verification:
+        """This verification with a head named apart from it (the command line's --head, a body's "head"): only
+        "diversed" takes one, and one that names a head of its own must name the same."""
+        if head is None:
+            return self
+        if not isinstance(head, str) or not head:
+            raise RequestError(field, f"{{}} must be the name of a head, got {_show(head)}")
+        if self.name != "diversed" or self.head not in (None, head):
+            raise RequestError(field, f"{{}} {head!r} is for verification 'diversed' without a head of its own, not "
+                                      f"{self.label!r}")
+        return replace(self, head=head)
 
     @property
     def rule(self) -> str | None:
@@ -348,12 +382,13 @@ class DraftLength:
     confidence: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.initial < 1 or (self.schedule != "constant" and self.initial > self.maximum):
+        _check_integer("draft_length", self.initial, 1)
+        _check_integer("draft_length", self.maximum, 1, " (the longest round)")
+        _check_number("draft_confidence", self.confidence, Range(0.0, 1.0, high_open=True), "a number in [0, 1)")
+        if self.schedule != "constant" and self.initial > self.maximum:
             raise RequestError("draft_length", f"{{}} must be in [1, {self.maximum}], got {self.initial}")
         if self.schedule not in SCHEDULES:
             raise RequestError("draft_schedule", f"{{}} must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not 0.0 <= self.confidence < 1.0:
-            raise RequestError("draft_confidence", f"{{}} must be in [0, 1), got {self.confidence}")
 
     def __str__(self) -> str:
         """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
@@ -384,66 +419,116 @@ DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
 
 @dataclass(frozen=True)
 class Request:
-    """What generate() was asked, checked, in canonical form (see check_request): the arguments that have
-    another form than the one given (integer arguments stay as they were)."""
+    """Everything a user asks of one generation, complete and checked: each edge (generate()'s arguments, the
+    command line, an HTTP body, an evaluation's settings, the vLLM plugin) only translates its own words into
+    one, and everything below trusts it. Each field is checked by one function, whichever edge it came from:
+    its own type's (Verification, Sampling, DraftLength) or the one named for it below. What needs the loaded
+    models (a head, the context, a draft model) is checked when the request is admitted
+    (diversed.admission.admit).
 
-    prompts: list[str | list[dict]]
-    verification: Verification
-    sampling: Sampling
-    draft_length: DraftLength | None
-    stop: tuple[str, ...]
-    predictions: list[str | None]  # one per prompt: what its answer is expected to repeat (Predicted Outputs)
+    prompts: texts, or conversations (chat messages {"role", "content"}); verification: a Verification or its
+    spelling ("static:0.7"); drafter: DRAFTERS; drafting: the draft length and its schedule (None: the
+    backend's default, DEFAULT_DRAFTING); max_drafts: at most so many drafts a round for this request (a
+    server's client sets it; None: the batch's); max_new_tokens: None until the answer ends or the context
+    does; seed: None for a random one; predictions: per prompt, what its answer is expected to repeat
+    (Predicted Outputs), or None; provenance: say how each token was made; chat: wrap prompts in the chat
+    template (None: where the tokenizer has one); system: a system message for it; batch_size: prompts decoded
+    together."""
+
+    prompts: tuple[str | list[dict], ...]
+    verification: Verification = Verification()
+    sampling: Sampling = Sampling()
+    drafter: str = "auto"
+    drafting: DraftLength | None = None
+    max_drafts: int | None = None
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = 0
+    predictions: tuple[str | None, ...] | None = None
+    provenance: bool = False
+    chat: bool | None = None
+    system: str | None = None
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        def canonical(name: str, value) -> None:
+            object.__setattr__(self, name, value)
+
+        canonical("prompts", _prompts(self.prompts))
+        if not isinstance(self.verification, Verification):
+            canonical("verification", Verification.parse(self.verification))
+        for name, kind in (("sampling", Sampling), ("drafting", DraftLength)):
+            if not isinstance(getattr(self, name), kind | None) or (name == "sampling" and self.sampling is None):
+                raise RequestError(name, f"{{}} must be a {kind.__name__}, got {_show(getattr(self, name))}")
+        if self.drafter not in DRAFTERS:
+            raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(self.drafter)}")
+        for name, low in (("max_drafts", 1), ("max_new_tokens", 1), ("seed", 0), ("batch_size", 1)):
+            if getattr(self, name) is not None or name == "batch_size":  # None: the batch's, the end, a random seed
+                _check_integer(name, getattr(self, name), low)
+        canonical("stop", _stop(self.stop))
+        canonical("predictions", _predictions(self.predictions, len(self.prompts), self.verification, self.drafter))
+        for name in ("provenance", "chat"):
+            if not isinstance(getattr(self, name), bool) and (name == "provenance" or self.chat is not None):
+                raise RequestError(name, f"{{}} must be true or false, got {_show(getattr(self, name))}")
+        if self.system is not None:
+            _check_text("system", "{}", self.system)
+        if self.chat is False and any(isinstance(p, list) for p in self.prompts):
+            raise RequestError("chat", "a conversation (chat messages) needs the chat template: not with {} off")
+
+    @classmethod
+    def of(cls, prompts: str | Sequence[str | list[dict]], *, verification: str | Verification = "exact",
+           drafter: str = "auto", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           draft_length: int | DraftLength | None = None, max_drafts: int | None = None,
+           max_new_tokens: int | None = None, stop: str | Sequence[str] = (), seed: int | None = 0,
+           prediction: str | Sequence[str | None] | None = None, provenance: bool = False,
+           chat: bool | None = None, system: str | None = None, batch_size: int = 1) -> Request:
+        """generate()'s words: a prompt or a list of them, a verification's spelling, the sampling numbers,
+        draft_length as N (a constant N a round) or a DraftLength, one prediction for every prompt or one each."""
+        if isinstance(draft_length, int) and not isinstance(draft_length, bool):
+            draft_length = DraftLength(draft_length)
+        elif draft_length is not None and not isinstance(draft_length, DraftLength):
+            raise RequestError("draft_length", f"{{}} must be a number of drafts, a DraftLength or None, got "
+                                               f"{_show(draft_length)}")
+        return cls(prompts, verification, Sampling(temperature, top_k, top_p), drafter, draft_length, max_drafts,
+                   max_new_tokens, stop, seed, prediction, provenance, chat, system, batch_size)
 
 
-def check_request(prompts: str | Sequence[str | list[dict]], *, verification: str | Verification = "exact",
-                  drafter: str = "auto", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                  draft_length: int | DraftLength | None = None, max_new_tokens: int | None = None,
-                  stop: str | Sequence[str] = (), batch_size: int = 1, seed: int = 0,
-                  prediction: str | Sequence[str | None] | None = None) -> Request:
-    """Check every argument of generate() but the pair, before any model runs (the CLI calls it before any
-    model loads): a RequestError names the argument, the value and what is accepted. A head is a name here:
-    whoever loads it finds it (diversed.head.names.head_folder, cheap enough to call first)."""
-    prompts = [prompts] if isinstance(prompts, str) else prompts
+def _prompts(prompts) -> tuple[str | list[dict], ...]:
+    """A prompt or several, each a non-empty text that UTF-8 can encode or a conversation."""
+    prompts = (prompts,) if isinstance(prompts, str) else prompts
     if not isinstance(prompts, Sequence) or not prompts:
         raise RequestError("prompt", f"{{}}s must be a non-empty list of strings, got {_show(prompts)}")
     for number, prompt in enumerate(prompts, 1):
+        name = "{}" if len(prompts) == 1 else f"{{}} {number}"
         if isinstance(prompt, list):
-            _check_conversation("prompt", f"{{}} {number}", prompt)
+            _check_conversation("prompt", name, prompt)
         else:
-            _check_text("prompt", f"{{}} {number}", prompt)
-    if not isinstance(verification, Verification):
-        if not isinstance(verification, str):
-            raise RequestError("verification", f"{{}} must be a string like 'exact' or 'static:0.7', got "
-                                               f"{_show(verification)}")
-        verification = Verification.parse(verification)
-    if drafter not in DRAFTERS:
-        raise RequestError("drafter", f"{{}} must be one of {DRAFTERS}, got {_show(drafter)}")
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise RequestError(name, f"{{}} must be a finite number, got {_show(value)}")
-    for name, value, low in (("top_k", top_k, 0), ("max_new_tokens", max_new_tokens, 1),
-                             ("batch_size", batch_size, 1), ("seed", seed, 0)):
-        if name == "max_new_tokens" and value is None:  # until the end of the answer
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
-            raise RequestError(name, f"{{}} must be an integer >= {low}, got {_show(value)}")
-    if isinstance(draft_length, bool) or not isinstance(draft_length, int | DraftLength | None):
-        raise RequestError("draft_length", f"{{}} must be a number of drafts, a DraftLength or None, got "
-                                           f"{_show(draft_length)}")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+            _check_text("prompt", name, prompt)
+    return tuple(prompts)
+
+
+def _stop(stop) -> tuple[str, ...]:
+    """Stop strings: one, or a list of them, each a non-empty string."""
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, Sequence):
+        raise RequestError("stop", f"{{}} must be a string or a list of strings, got {_show(stop)}")
     for number, text in enumerate(stop, 1):
-        _check_text("stop", f"{{}} string {number}", text)
-    return Request(list(prompts), verification, Sampling(temperature, top_k, top_p),
-                   DraftLength(draft_length) if isinstance(draft_length, int) else draft_length,
-                   stop, check_predictions(prediction, len(prompts), verification, drafter))
+        if not isinstance(text, str) or not text:
+            raise RequestError("stop", f"{{}} string {number} must be a non-empty string, got {_show(text)}")
+        _check_text("stop", f"{{}} string {number}", text, blank=True)
+    return tuple(stop)
 
 
-def check_predictions(prediction: str | Sequence[str | None] | None, count: int, verification: Verification,
-                      drafter: str) -> list[str | None]:
+def _predictions(prediction, count: int, verification: Verification, drafter: str) -> tuple[str | None, ...]:
     """One prediction per prompt (a string is every prompt's; None: none), and only where it is drafted from:
-    by the drafter "auto" or "prediction", for a verification that checks drafts (a mixture head's, which verifies
-    the draft model's only, is refused where the head is known: diversed.decoding.engine.Batch.check)."""
-    predictions = [prediction] * count if prediction is None or isinstance(prediction, str) else list(prediction)
+    by the drafter "auto" or "prediction", for a verification that checks drafts (a mixture head, which
+    verifies the draft model's drafts only, is refused once the head is known: diversed.admission)."""
+    if prediction is None or isinstance(prediction, str):
+        predictions = [prediction] * count
+    elif isinstance(prediction, Sequence):
+        predictions = list(prediction)
+    else:
+        raise RequestError("prediction", f"{{}} must be a string, a list of them or None, got {_show(prediction)}")
     if len(predictions) != count:
         raise RequestError("prediction", f"{{}} must be one string for every prompt or a list of one per prompt "
                                          f"({count}), got {len(predictions)}")
@@ -458,7 +543,7 @@ def check_predictions(prediction: str | Sequence[str | None] | None, count: int,
         raise RequestError("prediction", f"a {{}} is drafted from by drafter 'auto' or 'prediction', not {drafter!r}")
     if given and verification.name == "plain":
         raise RequestError("prediction", "verification 'plain' decodes with the target alone: a {} would go unused")
-    return predictions
+    return tuple(predictions)
 
 
 def check_encodable(name: str, text: str) -> None:
@@ -471,12 +556,12 @@ def check_encodable(name: str, text: str) -> None:
                          "text (a lone surrogate); it cannot be encoded") from None
 
 
-def _check_text(field: str, name: str, text) -> None:
-    """A text input (`name`, "{}" for the field) must be a non-empty string that UTF-8 can encode (a lone
-    surrogate cannot)."""
+def _check_text(field: str, name: str, text, blank: bool = False) -> None:
+    """A text input (`name`, "{}" for the field) must be a string that UTF-8 can encode (a lone surrogate
+    cannot), and not blank unless `blank` allows it."""
     if not isinstance(text, str):
         raise RequestError(field, f"{name} must be a string, got {_show(text)}")
-    if not text.strip():
+    if not blank and not text.strip():
         raise RequestError(field, f"{name} is empty")
     try:
         check_encodable(name, text)
@@ -493,7 +578,9 @@ def _check_conversation(field: str, name: str, messages: list) -> None:
                 message["role"] not in ("system", "user", "assistant"):
             raise RequestError(field, f"{name}, message {i + 1}: must be {{'role': 'system'|'user'|'assistant', "
                                       f"'content': text}}, got {_show(message)}")
-        _check_text(field, f"{name}, message {i + 1}", message["content"])
+        _check_text(field, f"{name}, message {i + 1}", message["content"], blank=True)
+    if not any(message["content"].strip() for message in messages):
+        raise RequestError(field, f"{name} has no text in any message")
 
 
 def _show(value) -> str:

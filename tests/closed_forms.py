@@ -4,11 +4,19 @@ ensemble's acceptance, bias and Pareto front, and Leviathan et al.'s speedup wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.verify import RULES, Rule, _target, total_variation
+
+
+def expected_tokens_per_round(acceptance: Sequence[float] | Tensor) -> float:
+    """Expected tokens emitted per round (tau) given per-position acceptance a_1..a_N:
+    1 + sum_k prod_{i<=k} a_i (the +1 is the correction or bonus token)."""
+    a = torch.as_tensor(acceptance, dtype=torch.float64)
+    return float(1.0 + a.cumprod(0).sum())
 
 
 def verification_target(rule: str, p: Tensor, q: Tensor, *, draft: Tensor | None = None,

@@ -2,17 +2,16 @@
 
 import pytest
 
-import diversed.decoding.schedule as schedule
 from diversed.tasks.sandbox import SandboxUnavailableError, isolation
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _costs_kept_apart(tmp_path_factory):
-    """Speed costs measured by the tests go to a file of their own, never to the user's cache folder."""
-    original = schedule.COSTS.path
-    schedule.COSTS.path = tmp_path_factory.mktemp("costs") / schedule.COSTS_FILE
-    yield
-    schedule.COSTS.path = original
+    """Speed costs measured by the tests (the command line's, the server's) go to a cache folder of their own,
+    never to the user's (subprocesses inherit it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DIVERSED_COSTS", str(tmp_path_factory.mktemp("costs") / "speed-costs.json"))
+        yield
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from diversed.evaluation.run import EvalConfig, parse_verifications
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.options import check_load_options
-from diversed.request import DraftLength, Sampling, Verification, check_request
+from diversed.request import DraftLength, Request, Sampling, Verification
 from diversed.tasks import get_task
 
 from tiny import save_tiny_pair, tiny_gguf, tiny_model, word_tokenizer
@@ -292,30 +292,31 @@ def test_train_refuses_before_loading(files, capsys, no_loading, tmp_path, args,
 
 # The Python API: each call must raise the named error with a message that names the problem.
 API = [
-    (lambda: check_request([]), "prompts must be a non-empty list"),
-    (lambda: check_request(None), "prompts must be a non-empty list"),
-    (lambda: check_request([""]), "prompt 1 is empty"),
-    (lambda: check_request(["ok", 5]), "prompt 2 must be a string"),
-    (lambda: check_request([b"bytes"]), "prompt 1 must be a string"),
-    (lambda: check_request(["\ud800"]), "lone surrogate"),
-    (lambda: check_request("x", max_new_tokens=0), "max_new_tokens"),
-    (lambda: check_request("x", max_new_tokens=2.5), "max_new_tokens"),
-    (lambda: check_request("x", max_new_tokens=True), "max_new_tokens"),
-    (lambda: check_request("x", temperature=math.nan), "temperature"),
-    (lambda: check_request("x", temperature="1"), "temperature"),
-    (lambda: check_request("x", temperature=-1), "temperature"),
-    (lambda: check_request("x", top_k=-1), "top_k"),
-    (lambda: check_request("x", top_p=0), "top_p"),
-    (lambda: check_request("x", top_p=math.inf), "top_p"),
-    (lambda: check_request("x", batch_size=0), "batch_size"),
-    (lambda: check_request("x", seed=-1), "seed"),
-    (lambda: check_request("x", seed=2**64), "seed"),
-    (lambda: check_request("x", verification="banana"), "verification must be one of"),
-    (lambda: check_request("x", verification=5), "verification must be a string"),
-    (lambda: check_request("x", draft_length=0), "draft_length"),
-    (lambda: check_request("x", draft_length=1.5), "draft_length"),
-    (lambda: check_request("x", stop=[""]), "stop string 1 is empty"),
-    (lambda: check_request("x", stop=[None]), "stop string 1 must be a string"),
+    (lambda: Request.of([]), "prompts must be a non-empty list"),
+    (lambda: Request.of(None), "prompts must be a non-empty list"),
+    (lambda: Request.of([""]), "prompt is empty"),
+    (lambda: Request.of(["ok", " "]), "prompt 2 is empty"),
+    (lambda: Request.of(["ok", 5]), "prompt 2 must be a string"),
+    (lambda: Request.of([b"bytes"]), "prompt must be a string"),
+    (lambda: Request.of(["\ud800"]), "lone surrogate"),
+    (lambda: Request.of("x", max_new_tokens=0), "max_new_tokens"),
+    (lambda: Request.of("x", max_new_tokens=2.5), "max_new_tokens"),
+    (lambda: Request.of("x", max_new_tokens=True), "max_new_tokens"),
+    (lambda: Request.of("x", temperature=math.nan), "temperature"),
+    (lambda: Request.of("x", temperature="1"), "temperature"),
+    (lambda: Request.of("x", temperature=-1), "temperature"),
+    (lambda: Request.of("x", top_k=-1), "top_k"),
+    (lambda: Request.of("x", top_p=0), "top_p"),
+    (lambda: Request.of("x", top_p=math.inf), "top_p"),
+    (lambda: Request.of("x", batch_size=0), "batch_size"),
+    (lambda: Request.of("x", seed=-1), "seed"),
+    (lambda: Request.of("x", seed=2**64), "seed"),
+    (lambda: Request.of("x", verification="banana"), "verification must be one of"),
+    (lambda: Request.of("x", verification=5), "verification must be a string"),
+    (lambda: Request.of("x", draft_length=0), "draft_length"),
+    (lambda: Request.of("x", draft_length=1.5), "draft_length"),
+    (lambda: Request.of("x", stop=[""]), "stop string 1 must be a non-empty string"),
+    (lambda: Request.of("x", stop=[None]), "stop string 1 must be a non-empty string"),
     (lambda: Verification.parse("static:"), "needs weight"),
     (lambda: Verification("static", weight=float("nan")), "weight must be in"),
     (lambda: Verification("lossy", lenience=1.0), "lenience"),
@@ -342,7 +343,7 @@ API = [
     (lambda: EvalConfig("humaneval", max_new_tokens=0), "max_new_tokens"),
     (lambda: EvalConfig("humaneval", temperature=math.nan), "temperature"),
     (lambda: EvalConfig("humaneval", seed=-3), "seed"),
-    (lambda: EvalConfig("humaneval", seed=2**32), "seed"),
+    (lambda: EvalConfig("humaneval", seed=2**63), "seed"),
     (lambda: TrainConfig(seed=2**32), "seed"),
     (lambda: Verification("plain", weight=0.5), "takes no weight"),
     (lambda: Verification("diversed", weight=0.3), "takes no weight"),
@@ -371,9 +372,10 @@ def test_api_refuses_with_a_clear_error(call, message):
 def test_inputs_that_are_fine_give_the_right_result():
     """Not errors: a single stop string is one string (not its characters), greedy is temperature 0, top-k 0 is
     off, a NUL inside a prompt is text like any other, a prompt of 100,000 characters is only long."""
-    request = check_request("t3", stop="t5", temperature=0, top_k=0, seed=0)
-    assert request.stop == ("t5",) and request.sampling.greedy and request.prompts == ["t3"]
-    assert check_request(["a\x00b", "x" * 100_000]).prompts == ["a\x00b", "x" * 100_000]
+    request = Request.of("t3", stop="t5", temperature=0, top_k=0, seed=0)
+    assert request.stop == ("t5",) and request.sampling.greedy and request.prompts == ("t3",)
+    assert Request.of(["a\x00b", "x" * 100_000]).prompts == ("a\x00b", "x" * 100_000)
+    assert Request.of("x", stop="\n").stop == ("\n",)  # a newline is a stop string, blank or not
     assert Verification.parse("static:0").weight == 0.0 and Verification.parse("static:1").weight == 1.0
     assert Verification.parse("diversed:gsm8k@+1") == Verification("diversed", head="gsm8k", shift=1.0)
     assert Verification.parse("diversed:@-0.5") == Verification("diversed", shift=-0.5)

@@ -8,18 +8,13 @@ import torch
 from closed_forms import acceptance_probability
 
 from diversed.backends import as_model
-from diversed.decoding.drafters import (
-    LookupDrafter,
-    PredictionDrafter,
-    SuffixCache,
-    SuffixDrafter,
-    make_drafter,
-    prediction_tokens,
-)
+from diversed.decoding.drafters import make_drafter, prediction_tokens
 from diversed.decoding.drafters.base import RUN_PRIOR, Acceptance
+from diversed.decoding.drafters.lookup import LookupDrafter
 from diversed.decoding.drafters.prediction import PRIOR as PREDICTION_PRIOR
 from diversed.decoding.drafters.prediction import RUN_PRIOR as PREDICTION_RUN_PRIOR
-from diversed.decoding.drafters.prediction import Prediction
+from diversed.decoding.drafters.prediction import Prediction, PredictionDrafter
+from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.head.model import HeadConfig, build

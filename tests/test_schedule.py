@@ -1,12 +1,14 @@
 """Draft-length schedules: the running speed model behind the "auto" schedule, and the phase profile."""
 
 import pytest
+from closed_forms import expected_tokens_per_round
 
 from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import LlamaCppModel
-from diversed.decoding.drafters.base import Candidate, copy_width
+from diversed.decoding.drafters.base import Candidate
 from diversed.decoding.profile import PHASES, profile_table
-from diversed.decoding.schedule import COSTS_FILE, CostMemory, SpeedModel, expected_tokens_per_round
+from diversed.decoding.schedule import CostMemory, SpeedModel
+from diversed.decoding.scheduler import copy_width
 from diversed.request import DraftLength
 
 
@@ -154,7 +156,7 @@ def test_profile_table_lists_every_phase_and_the_total():
 @pytest.fixture
 def fresh_costs(tmp_path):
     """An empty memory of costs, kept in a file of its own."""
-    return CostMemory(tmp_path / COSTS_FILE)
+    return CostMemory(tmp_path / "speed-costs.json")
 
 
 def test_costs_of_named_models_outlive_the_process(fresh_costs):

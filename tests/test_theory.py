@@ -8,10 +8,9 @@ import math
 import closed_forms as theory
 import pytest
 import torch
-from closed_forms import acceptance_probability, verification_target
+from closed_forms import acceptance_probability, expected_tokens_per_round, verification_target
 from torch import Tensor
 
-from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.verify import verify
 
 SIGMAS = 5.0

@@ -99,7 +99,7 @@ class LlamaCppModel:
 
     backend = "llama.cpp"
     # On a CPU llama.cpp's matrix kernels take a pass's tokens 16 at a time and the rest more slowly: a pass over
-    # 16 tokens costs less than one over 15 (widths 1-65 timed: benchmarks/README.md, "Faster whole-file edits").
+    # 16 tokens costs less than one over 15 (widths 1-65 timed: benchmarks/results/whole-file-edits.md).
     pass_tile = 16
 
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,

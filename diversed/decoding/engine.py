@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from diversed.backends import Model, Rows, as_model
+from diversed.backends import Model, as_model
 from diversed.decoding.drafters import Drafter, DraftRound, Proposal, SuffixCache, make_drafter
 from diversed.decoding.metrics import SequenceStats, summarize
-from diversed.decoding.policy import Groups, Policy, WeightFn
+from diversed.decoding.policy import Groups, Head, Policy
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
-from diversed.decoding.schedule import COSTS, CostMemory, SpeedModel, stopwatch
-from diversed.request import ContextTooLong, DraftLength, RequestError, Sampling, Verification, renamed_keywords
+from diversed.decoding.schedule import CostMemory, stopwatch
+from diversed.decoding.scheduler import Scheduler
+from diversed.request import DraftLength, Sampling, Verification
 from diversed.verify import Verdict
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
@@ -53,7 +54,6 @@ class Generation:
         return summarize(self.stats, self.wall_time)
 
 
-@renamed_keywords(method="verification")
 @torch.inference_mode()
 def decode(
     target: Model | torch.nn.Module,
@@ -68,26 +68,27 @@ def decode(
     max_new_tokens: int = 128,
     eos_token_ids: Sequence[int] = (),
     stop: StopFn | None = None,
-    weight_fn: WeightFn | None = None,
+    head: Head | None = None,
     seed: int = 0,
     profile: bool = False,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     on_round: Callable[[int, Round | None, int, int], None] | None = None,
     predictions: Sequence[Sequence[int] | None] | None = None,
     provenance: bool = False,
+    costs: CostMemory | None = None,
 ) -> Generation:
-    """Generate up to max_new_tokens after each prompt (token ids) with `verification`.
+    """Generate up to max_new_tokens after each prompt (token ids) with `verification`: the decoding loop for
+    callers that hold token ids and models (a trainer, a benchmark). It trusts its arguments: a request is
+    checked where it is admitted (diversed.admission), and generate() is the way in from text.
 
     target, draft: backend models (diversed.backends) or transformers models. drafter: one of
-    diversed.decoding.drafters.DRAFTERS ("auto", "model", "lookup", "suffix", "prediction"), or a Drafter;
-    default: "model" with a draft, else none. cache: the suffix cache the "suffix" and "auto" drafters share
-    (default: a new one). Verification "plain" decodes with the target alone; every other one needs a drafter,
-    and "diversed" a weight_fn (the trained head) that turns both models' last hidden states into a weight per
-    drafted position. A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn)
-    finds a stop string, or at max_new_tokens. Seeded, the same inputs give the same tokens, except under the
-    "auto" schedule, whose draft lengths follow the clock; greedy "exact" and "plain" always do. profile=True
-    makes the per-phase times of Generation.profile exact on a GPU (by waiting for the device around each
-    phase).
+    diversed.request.DRAFTERS, or a Drafter; default: "model" with a draft, else none. cache: the suffix cache
+    the "suffix" and "auto" drafters share (default: a new one). Verification "plain" decodes with the target
+    alone; every other one needs a drafter, and "diversed"/"dynamic" a head (diversed.decoding.policy.Head).
+    A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a stop string, or
+    at max_new_tokens. Seeded, the same inputs give the same tokens, except under the "auto" schedule, whose
+    draft lengths follow the clock; greedy "exact" and "plain" always do. profile=True makes the per-phase times
+    of Generation.profile exact on a GPU (by waiting for the device around each phase).
     draft_length: a DraftLength, or an int N for N drafts every round.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     on_round(i, round, row, count): called after each round with prompt i's row in the Round (what the
@@ -96,23 +97,19 @@ def decode(
     predictions: per prompt, the token ids its answer is expected to repeat, or None (Predicted Outputs: the
     "prediction" and "auto" drafters draft from them).
     provenance: record how each token was made (Generation.origins; diversed.decoding.provenance).
+    costs: the auto schedule's measured costs to start from and add to (None: this call's own).
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
-    if not prompts:
-        raise ValueError("prompts must be a non-empty list of token-id sequences")
-    if draft is not None and draft.vocab_size != target.vocab_size:
-        raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
-                         "logits)")
     if verification.name == "plain":
         drafter = None
     elif isinstance(drafter, str) or (drafter is None and draft is not None):
         drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=draft_length.confidence,
                                cache=cache)
-    policy = Policy(verification, sampling, torch.Generator(device=target.device).manual_seed(seed), weight_fn)
+    policy = Policy(verification, sampling, torch.Generator(device=target.device).manual_seed(seed), head)
     batch = Batch(target, drafter, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
-                  profile=profile)
+                  profile=profile, costs=costs)
     predictions = predictions or [None] * len(prompts)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
@@ -124,9 +121,7 @@ def decode(
     while batch.jobs:
         batch.step()
     batch.close()
-    batch.costs.save()  # for later processes
-    return Generation([j.tokens for j in jobs], [j.stats for j in jobs], time.perf_counter() - batch.start,
-                      batch.clock.report(), [j.origins for j in jobs])
+    return batch.generation(jobs)
 
 
 @dataclass(eq=False)
@@ -202,18 +197,20 @@ class Job:
 
 
 class Batch:
-    """The running batch: the target's rows, the drafter's, one Job per row, and the draft length of the next
-    round.
+    """The running batch: the target's rows, the drafter's, one Job per row, and the scheduler that sizes each
+    round's drafts (diversed.decoding.scheduler).
 
-    capacity: the most jobs at once. add() a job between rounds; step() runs one round (a step of the
-    target alone, or a speculative round in which each row is verified by its own policy) and drops the
-    jobs that finished or were cancelled. Not thread-safe: one thread adds and steps (a server's engine
-    thread); `Job.cancelled` is the one field other threads may set."""
+    capacity: the most jobs at once. add() a job between rounds (admitted already: diversed.admission); step()
+    runs one round (a step of the target alone, or a speculative round in which each row is verified by its own
+    policy) and drops the jobs that finished or were cancelled; close() hands the measured costs to `costs`.
+    Not thread-safe: one thread adds and steps (a server's engine thread); `Job.cancelled` is the one field
+    other threads may set."""
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, draft_length: DraftLength = DraftLength(),
                  eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False,
-                 costs: CostMemory = COSTS) -> None:
-        self.target, self.drafter, self.draft_length, self.costs = target, drafter, draft_length, costs
+                 costs: CostMemory | None = None) -> None:
+        self.target, self.drafter = target, drafter
+        self.scheduler = Scheduler(draft_length, costs)
         self.eos = set(eos_token_ids)
         self.jobs: list[Job] = []
         self.capacity = capacity
@@ -221,51 +218,10 @@ class Batch:
         self.pending: list[list[int]] = []  # per row, what the target has not seen: the prompt, the last token
         self.clock = PhaseClock(target.device, synchronize=profile)
         self.start = time.perf_counter()
-        self.n = draft_length.initial
-        self.speed: SpeedModel | None = None
-        self._costs_key: tuple | None = None
         self._joined = False  # jobs joined since the last round: the next round's forwards include prompts
 
-    def check(self, job: Job) -> None:
-        """Refuse (ValueError) a job this batch cannot run: a prompt that is empty, outside the vocabulary or
-        too long for a model's context with max_new_tokens and a round of drafts; a verification without its
-        drafter or head."""
-        policy = job.policy
-        if not job.prompt:
-            raise RequestError("prompt", "the {} is empty")
-        if job.max_new_tokens < 1:
-            raise RequestError("max_new_tokens", f"{{}} must be >= 1, got {job.max_new_tokens}")
-        if policy.drafts and self.drafter is None:
-            raise ValueError(f"verification {policy.verification.label!r} needs a drafter (a draft model, or a "
-                             "drafter that copies: 'lookup', 'suffix', 'prediction')")
-        if policy.verification.rule == "dynamic" and policy.weight_fn is None:
-            raise ValueError(f"verification {policy.verification.label!r} needs a weight_fn (a trained head) for its "
-                             "weights")
-        if policy.reads_draft_hidden:
-            drafter = policy.drafter if policy.drafter != "auto" else self.drafter.name
-            if not self.drafter.has_hidden or drafter not in ("auto", "model"):
-                raise RequestError("drafter", f"verification {policy.verification.label!r} has a mixture head, which "
-                                              f"reads the draft model's hidden states: {{}} {drafter!r} has none (use "
-                                              "'model' or 'auto' with a draft model)")
-            if job.prediction is not None:
-                raise RequestError("prediction", f"verification {policy.verification.label!r} has a mixture head, "
-                                                 "which verifies the draft model's drafts only: a {} would go unused")
-        _check_prompt(self.target, "target", job.prompt, job.max_new_tokens, self.draft_length.longest)
-        if job.prediction is not None and self.target.context_length is not None and \
-                len(job.prompt) + len(job.prediction) > self.target.context_length:
-            raise ContextTooLong("prediction", f"the prompt ({len(job.prompt)} tokens) + the {{}} "
-                                               f"({len(job.prediction)}) exceed the target's context of "
-                                               f"{self.target.context_length} tokens")
-        if self.drafter is not None and self.drafter.draft_model is not None:  # every row rides in its forwards
-            _check_prompt(self.drafter.draft_model, "draft", job.prompt, job.max_new_tokens,
-                          self.draft_length.longest)
-
-    def add(self, job: Job, checked: bool = False) -> None:
-        """Join a job: its rows are added now, its prompt is fed in the next round. checked: check(job) already
-        ran against a batch of these models and drafting (a server's, on its event loop, to answer 400 before
-        queueing): not again."""
-        if not checked:
-            self.check(job)
+    def add(self, job: Job) -> None:
+        """Join a job: its rows are added now, its prompt is fed in the next round."""
         if len(self.jobs) >= self.capacity:
             raise RuntimeError(f"the batch is full ({self.capacity} jobs)")
         job.started = time.perf_counter()
@@ -278,7 +234,9 @@ class Batch:
 
     @torch.inference_mode()
     def step(self) -> list[Job]:
-        """One round for every job; returns the jobs that left the batch (finished or cancelled)."""
+        """One round for every job; returns the jobs that left the batch (finished or cancelled). A speculative
+        round: the drafts, the target's pass over each row's pending tokens and drafts, each policy's rule on
+        its rows, the target rolled back to the kept tokens, and what each row wrote."""
         for job in self.jobs:
             if job.cancelled and not job.finished:
                 job.end("cancelled")
@@ -287,32 +245,73 @@ class Batch:
             return left
         self.clock.rounds += 1
         groups = Groups([job.policy for job in self.jobs])
-        speed = self._speed_model()
         prefill, self._joined = self._joined, False
-        proposal = None
-        if self.drafter is not None and any(job.policy.drafts for job in self.jobs) and \
-                (speed is not None or self.n):
-            # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
-            room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
-            ask = DraftRound(groups.draft_caps(self.draft_length.maximum if speed is not None else self.n, room),
-                             [job.policy.drafter for job in self.jobs], groups.draft_sample, groups.draft_hidden, speed)
-            with self.clock.phase("draft"):
-                proposal = self.drafter.propose(ask)
+        proposal = self._propose(groups, prefill)
+        lap = stopwatch(self.target.device, synchronize=self.scheduler.measured)
         if proposal is None:
-            self._plain_step(groups, speed, prefill)
-        else:
-            self._speculative_step(groups, speed, prefill, proposal)
+            self._target_step(groups)
+            self.scheduler.observe_step(lap(), prefill)
+            return left + self._drop([job.finished for job in self.jobs])
+        before, drafts = self.target_rows.lengths, proposal.tokens.tolist()
+        with self.clock.phase("target forward"):
+            h_target, logits = self.target_rows.feed([t + d for t, d in zip(self.pending, drafts, strict=True)],
+                                                     len(drafts[0]) + 1, hidden=groups.hidden)
+        with self.clock.phase("sampling"):
+            p = groups.probs(logits)
+        verdict = groups.verify(proposal, p, h_target, self.clock)
+        kept, drafted = verdict.num_accepted.tolist(), proposal.lengths.tolist()
+        with self.clock.phase("cache"):
+            self.target_rows.truncate([b + len(t) + k for b, t, k in zip(before, self.pending, kept, strict=True)])
+        seconds = lap()  # the pass, its sampling and verification: what a round of this width costs
+        result = Round(proposal.tokens.to(p.device), verdict, proposal.lengths, proposal.q, p, proposal.hidden,
+                       h_target)
+        emitted = [d[:k] + [t] for d, k, t in zip(drafts, kept, verdict.next_token.tolist(), strict=True)]
+        self.pending = [[e[-1]] for e in emitted]
+        self.drafter.advance(emitted)
+        for row, (job, new, source) in enumerate(zip(self.jobs, emitted, proposal.sources, strict=True)):
+            job.stats.add_round(drafted[row], kept[row], proposal.forwards, source)
+            if not _failed(job, groups, row):
+                written = len(job.tokens)
+                job.emit(new, self.eos, kept=kept[row], drafted=drafted[row],
+                         origins=_origins(result, row, kept[row], new[-1], job, source) if job.provenance else None)
+                if job.on_round is not None:
+                    job.on_round(job, result, row, len(job.tokens) - written)
+        self.scheduler.observe_round(proposal, kept, drafted, seconds, prefill)
         return left + self._drop([job.finished for job in self.jobs])
 
     def close(self) -> None:
-        """Hand the measured costs (the auto schedule's) to `costs`, for later batches of the same models."""
-        if self.speed is not None:
-            self.costs.keep(self._costs_key, self.speed)
+        """Hand the measured costs (the auto schedule's) to the scheduler's CostMemory, for later batches of
+        the same models."""
+        self.scheduler.close()
 
-    def _plain_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool) -> None:
-        lap = stopwatch(self.target.device, synchronize=speed is not None)
-        token, probs = target_step(self.target_rows, self.pending, groups, self.clock)
-        seconds = lap()
+    def generation(self, jobs: Sequence[Job]) -> Generation:
+        """What these jobs of the batch wrote, with the batch's wall time and profile so far."""
+        return Generation([j.tokens for j in jobs], [j.stats for j in jobs], time.perf_counter() - self.start,
+                          self.clock.report(), [j.origins for j in jobs])
+
+    def _propose(self, groups: Groups, prefill: bool) -> Proposal | None:
+        """The round's drafts, None for a step of the target alone."""
+        if self.drafter is None or not any(job.policy.drafts for job in self.jobs):
+            return None
+        draft = self.drafter.draft_model
+        key = (_cost_identity(self.target), "" if draft is None else _cost_identity(draft), len(self.jobs))
+        self.scheduler.begin(key, self.target.pass_tile, prefill)
+        if not self.scheduler.longest:
+            return None
+        # A round writes up to (drafts + 1) tokens: drafting past what a sequence may still write is waste.
+        room = [job.max_new_tokens - len(job.tokens) - 1 for job in self.jobs]
+        ask = DraftRound(groups.draft_caps(self.scheduler.longest, room), [job.policy.drafter for job in self.jobs],
+                         groups.draft_sample, groups.draft_hidden, self.scheduler.measured)
+        with self.clock.phase("draft"):
+            return self.scheduler.propose(self.drafter, ask)
+
+    def _target_step(self, groups: Groups) -> None:
+        """One step of the target alone: feed each row's pending tokens, sample the next token of each."""
+        with self.clock.phase("target forward"):
+            _, logits = self.target_rows.feed(self.pending, 1)
+        with self.clock.phase("sampling"):
+            probs = groups.probs(logits[:, -1])
+            token = groups.sample(probs).tolist()
         self.pending = [[t] for t in token]
         if self.drafter is not None:
             self.drafter.advance([[t] for t in token])
@@ -324,59 +323,6 @@ class Batch:
                          if job.provenance else None)
                 if job.on_round is not None:
                     job.on_round(job, None, row, len(job.tokens) - written)
-        if speed is not None and not prefill:  # a round that fed prompts is not a step's cost
-            speed.observe_plain(seconds)
-            speed.draft_length = speed.best_length()
-
-    def _speculative_step(self, groups: Groups, speed: SpeedModel | None, prefill: bool, proposal: Proposal) -> None:
-        lap = stopwatch(self.target.device, synchronize=speed is not None)
-        result = speculative_round(self.target_rows, self.pending, proposal, groups, self.clock)
-        verify_seconds = lap()  # the pass, its sampling and verification: what a round of this width costs
-        n_round = result.drafts.shape[1]
-        kept_counts, drafted_counts = result.verdict.num_accepted.tolist(), result.lengths.tolist()
-        emitted = [d[:k] + [t] for d, k, t in zip(result.drafts.tolist(), kept_counts,
-                                                  result.verdict.next_token.tolist(), strict=True)]
-        self.pending = [[e[-1]] for e in emitted]
-        self.drafter.advance(emitted)
-        for row, (job, new, kept, drafted, source) in enumerate(zip(
-                self.jobs, emitted, kept_counts, drafted_counts, proposal.sources, strict=True)):
-            job.stats.add_round(drafted, kept, proposal.forwards, source)
-            if not _failed(job, groups, row):
-                written = len(job.tokens)
-                job.emit(new, self.eos, kept=kept, drafted=drafted,
-                         origins=_origins(result, row, kept, new[-1], job, source) if job.provenance else None)
-                if job.on_round is not None:
-                    job.on_round(job, result, row, len(job.tokens) - written)
-        if speed is None:
-            # Only rows that drafted give a verdict (a row of the target alone drafts nothing); from the length
-            # asked for, since a cut-off is no verdict either.
-            verdicts = [k == d for k, d in zip(kept_counts, drafted_counts, strict=True) if d > 0]
-            if verdicts:
-                self.n = self.draft_length.next(self.n, sum(verdicts) / len(verdicts))
-        elif not prefill:  # a round that fed prompts is not a round's cost
-            if proposal.forwards:  # the draft model's round
-                speed.observe(kept_counts, drafted_counts, proposal.draft_steps,
-                              proposal.draft_seconds if proposal.draft_steps else None, n_round + 1, verify_seconds)
-            else:
-                speed.observe_copied(n_round + 1, verify_seconds)
-            speed.draft_length = speed.best_length()
-
-    def _speed_model(self) -> SpeedModel | None:
-        """The auto schedule's speed model for the current batch size: costs are per (models, rows), so when
-        jobs join and the size changes, the costs known for the new size take over (the acceptance stays)."""
-        if self.draft_length.schedule != "auto" or self.drafter is None:
-            return None
-        draft = self.drafter.draft_model
-        key = (_cost_identity(self.target), "" if draft is None else _cost_identity(draft), len(self.jobs))
-        if self.speed is None or (self._joined and key != self._costs_key):
-            fresh = self.costs.speed_model(key, self.draft_length.maximum, self.target.pass_tile)
-            if self.speed is not None:
-                self.costs.keep(self._costs_key, self.speed)
-                fresh.kept, fresh.rejections = self.speed.kept, self.speed.rejections
-            else:  # a step of the target alone is never remembered: nothing is chosen before one is timed
-                fresh.draft_length = self.draft_length.initial
-            self.speed, self._costs_key = fresh, key
-        return self.speed
 
     def _drop(self, finished: list[bool]) -> list[Job]:
         """Remove finished rows from the batch; returns their jobs."""
@@ -407,17 +353,6 @@ def _failed(job: Job, groups: Groups, row: int) -> bool:
     return row in groups.failed
 
 
-def target_step(target: Rows, pending: list[list[int]], groups: Groups, clock: PhaseClock
-                ) -> tuple[list[int], Tensor]:
-    """One step of the target alone: feed each row's pending tokens, sample the next token of each; the tokens
-    and the distributions [B, V] they were drawn from."""
-    with clock.phase("target forward"):
-        _, logits = target.feed(pending, 1)
-    with clock.phase("sampling"):
-        probs = groups.probs(logits[:, -1])
-        return groups.sample(probs).tolist(), probs
-
-
 def _origins(result: Round, row: int, kept: int, next_token: int, job: Job, drafter: str | None
              ) -> list[TokenOrigin]:
     """How a row's new tokens of a speculative round were made (Job.provenance)."""
@@ -441,38 +376,3 @@ class Round:
     p: Tensor
     h_draft: Tensor | None  # [B, n', d_draft]
     h_target: Tensor | None  # [B, n' + 1, d_target]
-
-
-def speculative_round(target: Rows, pending: list[list[int]], proposal: Proposal, groups: Groups,
-                      clock: PhaseClock) -> Round:
-    """Verify a proposal in one target forward over each row's pending tokens and drafts, and roll the target
-    back to the kept tokens."""
-    before, n_round = target.lengths, proposal.tokens.shape[1]
-    with clock.phase("target forward"):
-        h_target, logits = target.feed([t + d for t, d in zip(pending, proposal.tokens.tolist(), strict=True)],
-                                       n_round + 1, hidden=groups.hidden)
-    with clock.phase("sampling"):
-        p = groups.probs(logits)
-        drafts, q = proposal.tokens.to(p.device), proposal.q  # q None: copied drafts, never made one-hot here
-    out = groups.verify(drafts, q, p, proposal.lengths, proposal.hidden, h_target, clock)
-    with clock.phase("cache"):
-        target.truncate([b + len(t) + k for b, t, k in zip(before, pending, out.num_accepted.tolist(), strict=True)])
-    return Round(drafts, out, proposal.lengths, q, p, proposal.hidden, h_target)
-
-
-def context_room(models: Sequence[Model | None], prompt_length: int, longest_round: int) -> int:
-    """The most new tokens a prompt may have: what the models' context leaves after it and a round of drafts
-    (below 1: Batch.check refuses the prompt)."""
-    contexts = [m.context_length for m in models if m is not None and m.context_length]
-    return (min(contexts) if contexts else 2**31) - prompt_length - longest_round - 1
-
-
-def _check_prompt(model: Model, role: str, prompt: Sequence[int], max_new_tokens: int, longest_round: int) -> None:
-    """A prompt must fit the model's context with max_new_tokens and a round of drafts, in its vocabulary."""
-    needed = len(prompt) + max_new_tokens + longest_round + 1
-    if model.context_length is not None and needed > model.context_length:
-        raise ContextTooLong("max_new_tokens", f"the prompt ({len(prompt)} tokens) + {{}} ({max_new_tokens}) + a "
-                                               f"round of drafts exceeds the {role}'s context of "
-                                               f"{model.context_length} tokens")
-    if min(prompt) < 0 or max(prompt) >= model.vocab_size:
-        raise RequestError("prompt", f"a {{}} token id is outside the {role}'s vocabulary")

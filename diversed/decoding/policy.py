@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import torch
 from torch import Tensor
 
+from diversed.decoding.drafters.base import Proposal
 from diversed.decoding.profile import PhaseClock
 from diversed.decoding.sampling import probabilities, sample_tokens
 from diversed.request import Sampling, Verification
@@ -32,29 +33,47 @@ Output = TypeVar("Output", Tensor, Verdict)
 
 
 @runtime_checkable
-class LenienceFn(Protocol):
+class LenienceHead(Protocol):
     """A head that sets rule "lossy"'s lenience per drafted token instead of a mixture weight
     (diversed.head.model.LenienceHead): lenience(drafts [B, N], q [B, N, V], p [B, N, V], target hidden
     [B, N, d_target], shift) -> L [B, N] in [0, 1), the verification's dial already applied. It reads no draft
     hidden state: q is None where the drafts were copied (point masses)."""
 
+    rule: str  # "lossy"
+
     def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None
                  ) -> Tensor: ...
 
 
+# What sets a "diversed" or "dynamic" verification's parameter per drafted token: a weight function (a mixture
+# head, or any function of the hidden states) or a lenience head. A head declares the rule it sets (`rule`);
+# a bare weight function sets "dynamic"'s weights.
+Head = WeightFn | LenienceHead
+
+
+def head_rule(head: Head) -> str:
+    """The rule a head's values are for: its declared `rule`, "dynamic" for a bare weight function."""
+    return getattr(head, "rule", "dynamic")
+
+
 @dataclass(eq=False)
 class Policy:
-    """How a row is decoded. verification: "plain" (the target alone) or a rule; weight_fn: the head of a
-    "diversed"/"dynamic" verification; generator: the row's random stream; max_drafts: at most this many drafts
-    a round for this row (None: the batch's draft length); drafter: which of an "auto" drafter's members may
-    draft for this row ("auto": any)."""
+    """How a row is decoded. verification: "plain" (the target alone) or a rule; head: what sets a
+    "diversed"/"dynamic" verification's per-token parameter, whose declared rule (head_rule) is the one this
+    policy verifies with (`rule`, settled here); generator: the row's random stream; max_drafts: at most this
+    many drafts a round for this row (None: the batch's draft length); drafter: which of an "auto" drafter's
+    members may draft for this row ("auto": any)."""
 
     verification: Verification = Verification("exact")
     sampling: Sampling = Sampling()
     generator: torch.Generator | None = None
-    weight_fn: WeightFn | None = None
+    head: Head | None = None
     max_drafts: int | None = None
     drafter: str = "auto"
+
+    def __post_init__(self) -> None:
+        dynamic = self.verification.rule == "dynamic" and self.head is not None
+        self.rule = head_rule(self.head) if dynamic else self.verification.rule
 
     @property
     def drafts(self) -> bool:
@@ -64,7 +83,7 @@ class Policy:
     def reads_draft_hidden(self) -> bool:
         """Whether its head reads the draft model's hidden states (a mixture head: then only the draft model's
         drafts can be verified); a lenience head reads the target's alone."""
-        return self.verification.rule == "dynamic" and not isinstance(self.weight_fn, LenienceFn)
+        return self.head is not None and self.rule == "dynamic"
 
 
 class Groups:
@@ -118,46 +137,49 @@ class Groups:
             lambda policy, rows: sample_tokens(policy.sampling, probs[rows], self.streams[id(policy)][stream]),
             lambda: probs.new_zeros(self.size, dtype=torch.long))
 
-    def verify(self, drafts: Tensor, q: Tensor | None, p: Tensor, lengths: Tensor, h_draft: Tensor | None,
-               h_target: Tensor | None, clock: PhaseClock) -> Verdict:
-        """Each group's rule on its rows' drafts [B, N] (row r drafted lengths[r] of them), q [B, N, V] (None:
-        copied drafts, point masses) and
-        p [B, N + 1, V]; each row is verified over its own drafts alone (a row that kept them all gets its
-        bonus token from p after them), in one call of the rule per draft length among a group's rows."""
-        def one(policy: Policy, rows: slice | list[int]) -> Verdict:
-            rule, params = policy.verification.rule or "exact", policy.verification.verify_params()
-            if rule == "dynamic":
-                with clock.phase("head"):
-                    rule, params = _head_parameters(policy, drafts[rows], None if q is None else q[rows], p[rows, :n],
-                                                    None if h_draft is None else h_draft[rows], h_target[rows, :n])
-            generator = self.streams[id(policy)][1]
-            with clock.phase("verify"):
-                own = lengths[rows]
-                out = Verdict(own.new_zeros(own.shape), own.new_zeros(own.shape),
-                                   torch.zeros(own.shape + (n,), dtype=torch.bool, device=p.device),
-                                   torch.zeros(own.shape + (n,), device=p.device),
-                                   torch.zeros(own.shape + (n,), device=p.device))
-                for length in own.unique().tolist():
-                    # Every row alike (one policy's batch, mostly): slices, not copies of p.
-                    at = slice(None) if bool((own == length).all()) else (own == length).nonzero().squeeze(-1)
-                    if length == 0:  # the target alone: p's token after no drafts, whatever the rule
-                        out.next_token[at] = sample_tokens(policy.sampling, p[rows][at, 0], generator)
-                        continue
-                    part = verify(rule, drafts[rows][at, :length], None if q is None else q[rows][at, :length],
-                                  p[rows][at, :length + 1], greedy=policy.sampling.greedy, generator=generator,
-                                  validate=False, **{k: v[at, :length] if isinstance(v, Tensor) else v
-                                                     for k, v in params.items()})
-                    out.num_accepted[at], out.next_token[at] = part.num_accepted, part.next_token
-                    out.accepted[at, :length], out.accept_prob[at, :length] = part.accepted, part.accept_prob
-                    out.uniform[at, :length] = part.uniform
-                return out
-
-        n = drafts.shape[1]
-        lengths = lengths.to(p.device)
-        return self._per_group(one, lambda: Verdict(
-            drafts.new_zeros(self.size), drafts.new_zeros(self.size),
-            torch.zeros(drafts.shape, dtype=torch.bool, device=p.device), torch.zeros(drafts.shape, device=p.device),
-            torch.zeros(drafts.shape, device=p.device)))
+    def verify(self, proposal: Proposal, p: Tensor, h_target: Tensor | None, clock: PhaseClock) -> Verdict:
+        """Each group's rule on its rows' drafts (proposal.tokens [B, N], row r drafted proposal.lengths[r] of
+        them; proposal.q [B, N, V], None for copied drafts, point masses) against p [B, N + 1, V]; each row is
+        verified over its own drafts alone (a row that kept them all gets its bonus token from p after them),
+        in one call of the rule per draft length among a group's rows. A group whose head or rule raises fails
+        its own rows (`failed`) where others share the round; alone, it raises."""
+        drafts, q, h_draft = proposal.tokens.to(p.device), proposal.q, proposal.hidden
+        lengths, n = proposal.lengths.to(p.device), drafts.shape[1]
+        out = Verdict(lengths.new_zeros(self.size), lengths.new_zeros(self.size),
+                      torch.zeros(drafts.shape, dtype=torch.bool, device=p.device),
+                      torch.zeros(drafts.shape, device=p.device), torch.zeros(drafts.shape, device=p.device))
+        for policy, rows in self.groups:
+            mine = slice(None) if len(self.groups) == 1 else torch.tensor(rows, device=p.device)
+            try:
+                params = policy.verification.verify_params()
+                if policy.head is not None:
+                    with clock.phase("head"):
+                        params = _head_parameters(policy, drafts[mine], None if q is None else q[mine], p[mine, :n],
+                                                  None if h_draft is None else h_draft[mine], h_target[mine, :n])
+                generator = self.streams[id(policy)][1]
+                with clock.phase("verify"):
+                    own = lengths[mine]
+                    for length in own.unique().tolist():
+                        # Every row alike (one policy's batch, mostly): slices, not copies of p.
+                        same = bool((own == length).all())
+                        local = slice(None) if same else (own == length).nonzero().squeeze(-1)
+                        at = local if isinstance(mine, slice) else mine if same else mine[local]
+                        if length == 0:  # the target alone: p's token after no drafts, whatever the rule
+                            out.next_token[at] = sample_tokens(policy.sampling, p[at, 0], generator)
+                            continue
+                        part = verify(policy.rule or "exact", drafts[at, :length],
+                                      None if q is None else q[at, :length], p[at, :length + 1],
+                                      greedy=policy.sampling.greedy, generator=generator, validate=False,
+                                      **{k: v[local, :length] if isinstance(v, Tensor) else v
+                                         for k, v in params.items()})
+                        out.num_accepted[at], out.next_token[at] = part.num_accepted, part.next_token
+                        out.accepted[at, :length], out.accept_prob[at, :length] = part.accepted, part.accept_prob
+                        out.uniform[at, :length] = part.uniform
+            except Exception as error:  # noqa: BLE001 - one policy's failure is its rows' alone
+                if len(self.groups) == 1:
+                    raise
+                self.failed.update(dict.fromkeys(rows, error))
+        return out
 
     def _per_group(self, compute: Callable[[Policy, slice | list[int]], Output],
                    zeros: Callable[[], Output]) -> Output:
@@ -189,24 +211,22 @@ class Groups:
 
 
 def _head_parameters(policy: Policy, drafts: Tensor, q: Tensor | None, p: Tensor, h_draft: Tensor | None,
-                     h_target: Tensor) -> tuple[str, dict]:
-    """The rule and per-token parameter a head sets for its rows' drafts [B, N]: a lenience head's L for
-    "lossy" (LenienceFn), else the weight function's w for "dynamic", each with the verification's dial."""
-    head, shift = policy.weight_fn, policy.verification.shift
-    if isinstance(head, LenienceFn):
-        return "lossy", {"lenience": _checked(head.lenience(drafts, q, p, h_target, shift), drafts.shape,
-                                              "lenience", "[0, 1)")}
-    return "dynamic", {"weight": shifted(_checked(head(h_draft, h_target), drafts.shape, "weight", "[0, 1]"),
-                                         shift)}
+                     h_target: Tensor) -> dict:
+    """The per-token parameter a head sets for its rows' drafts [B, N] under its rule: a lenience head's L for
+    "lossy", else the weight function's w for "dynamic", each with the verification's dial."""
+    head, shift = policy.head, policy.verification.shift
+    if policy.rule == "lossy":
+        return {"lenience": _checked(head.lenience(drafts, q, p, h_target, shift), drafts.shape, "lenience", "[0, 1)")}
+    return {"weight": shifted(_checked(head(h_draft, h_target), drafts.shape, "weight", "[0, 1]"), shift)}
 
 
 def _checked(value: Tensor, shape: torch.Size, name: str, bounds: str) -> Tensor:
     """A head's output must be one value in `bounds` per drafted token (cheap to check: [B, N])."""
     if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"weight_fn returned {name}s of shape {tuple(value.shape)}, expected {tuple(shape)}")
+        raise ValueError(f"the head returned {name}s of shape {tuple(value.shape)}, expected {tuple(shape)}")
     inside = (value >= 0) & (value < 1 if bounds.endswith(")") else value <= 1)
     if not bool(inside.all()):
-        raise ValueError(f"weight_fn returned {name}s outside {bounds} (or NaN)")
+        raise ValueError(f"the head returned {name}s outside {bounds} (or NaN)")
     return value
 
 

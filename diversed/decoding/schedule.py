@@ -7,15 +7,11 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
-from diversed.models.default_pair import cache_dir
-
-COSTS_FILE = "speed-costs.json"  # in the cache folder: measured costs, per machine, models and batch size
 MAX_KEPT = 64  # the most recently measured (models, batch size) kept per machine
 
 STALE_WEIGHT = 0.1  # a width's decayed weight below which its cost is forgotten (about 22 drafted rounds at decay 0.9)
@@ -42,26 +38,19 @@ def stopwatch(device: torch.device, synchronize: bool = True) -> Callable[[], fl
     return seconds
 
 
-def expected_tokens_per_round(acceptance: Sequence[float] | Tensor) -> float:
-    """Expected tokens emitted per round (tau) given per-position acceptance a_1..a_N:
-    1 + sum_k prod_{i<=k} a_i (the +1 is the correction or bonus token)."""
-    a = torch.as_tensor(acceptance, dtype=torch.float64)
-    return float(1.0 + a.cumprod(0).sum())
-
-
 def geometric_tau(a: float, n: int) -> float:
-    """expected_tokens_per_round([a] * n) in closed form, 1 + a + ... + a^n: the speed model weighs every N
-    each round, so it must be cheap."""
+    """The tokens a round of n drafts writes when each is kept with probability a (the correction or bonus
+    included): 1 + a + ... + a^n, in closed form, since the speed model weighs every N each round."""
     return n + 1.0 if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
 
 
 class SpeedModel:
     """The running speed model of one decoding call, for the "auto" schedule (docs/algorithm.md section 6).
 
-    Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (expected_tokens_per_round
-    for tau), and of a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
+    Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (geometric_tau for tau), and of
+    a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft
     step time, v(k) the target's forward time over k tokens per row. v is measured, since on a CPU it is far
-    from flat, and per width where it is not even a line (narrow passes on a CPU: benchmarks/README.md).
+    from flat, and per width where it is not even a line (narrow passes on a CPU: benchmarks/results/drafters-speed.md).
     All are estimated from this call's rounds, older rounds weighing less (`decay` per round), since
     acceptance drifts within a text (code, then prose). The acceptance is the maximum-likelihood estimate for
     geometric runs: kept drafts / (kept drafts + rejections), starting from `prior_drafts` pseudo-drafts at
@@ -255,14 +244,15 @@ Costs = tuple[dict[int, list[float]], float, float, float | None]  # widths, dra
 
 class CostMemory:
     """Costs measured by earlier decoding calls, per (target, draft, rows): a later call's speed model starts
-    from them. Keys made of strings (a model's `cost_identity`: its file, size and threads) are also kept on
-    disk (`path`, one entry per machine), so that a new process starts from them too; others (id()s) live as
-    long as this memory. COSTS is the one `diversed generate`, decode() and the server share."""
+    from them. Keys made of strings (a model's `cost_identity`: its file, size and threads) are also kept in
+    the file at `path` (one entry per machine), read when first needed and written by save(), so that a new
+    process starts from them too; others (id()s) live as long as this memory. path None: this memory only.
+    Whoever makes one decides when it is saved (the command line after a run, the server when it stops)."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path  # None: the cache folder's COSTS_FILE, read when first needed
+        self.path = path
         self.kept: dict[tuple, Costs] = {}
-        self._read = False
+        self._read = path is None
 
     def speed_model(self, key: tuple, maximum: int, tile: int = 1) -> SpeedModel:
         """A speed model whose costs start from what earlier calls with the same key measured (each width
@@ -272,7 +262,7 @@ class CostMemory:
         call does without drafts)."""
         if not self._read:
             self._read = True
-            self.kept.update(_read_costs(self._file()))
+            self.kept.update(_read_costs(self.path))
         model = SpeedModel(maximum, tile=tile)
         if key in self.kept:
             widths, draft_time, draft_steps, catch_up = self.kept[key]
@@ -292,16 +282,10 @@ class CostMemory:
                               catch_up)
 
     def save(self) -> None:
-        """Write the kept costs of keys of strings (models named by a cost identity) to disk, for later
-        processes; once per decoding call, never between rounds."""
-        if any(_lasting(k) for k in self.kept):
-            _write_costs(self._file(), {k: v for k, v in self.kept.items() if _lasting(k)})
-
-    def _file(self) -> Path:
-        return self.path or cache_dir() / COSTS_FILE
-
-
-COSTS = CostMemory()
+        """Write the kept costs of keys of strings (models named by a cost identity) to `path`, for later
+        processes (nothing without a path)."""
+        if self.path is not None and any(_lasting(k) for k in self.kept):
+            _write_costs(self.path, {k: v for k, v in self.kept.items() if _lasting(k)})
 
 
 def _lasting(key: tuple) -> bool:

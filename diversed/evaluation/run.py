@@ -10,7 +10,6 @@ Verifications run in turn on each example, so every verification sees the machin
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -20,14 +19,16 @@ from pathlib import Path
 import torch.distributed as dist
 from tqdm import tqdm
 
+from diversed.admission import load_head
+from diversed.decoding.schedule import CostMemory
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
 from diversed.folders import changed_settings, check_writable, saved_settings
-from diversed.generation import generate, load_head
+from diversed.generation import run
 from diversed.head.names import head_folder
 from diversed.machine import describe
 from diversed.models.loading import Pair
-from diversed.request import DRAFTERS, RENAMED_VERIFICATIONS, DraftLength, Sampling, Verification
+from diversed.request import RENAMED_VERIFICATIONS, DraftLength, Request, Sampling, Verification
 from diversed.tasks.task import predicted_outputs
 from diversed.text import cut_at_stop, encode_prompt
 
@@ -59,22 +60,18 @@ class EvalConfig:
     prediction: bool = False  # each example's input text (metadata["original"]) as its predicted output
 
     def __post_init__(self) -> None:
-        Sampling(self.temperature)  # its own checks: >= 0, not NaN
-        if not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be finite, got {self.temperature}")
-        _ = self.drafting  # DraftLength checks draft_length, draft_schedule and draft_confidence
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {self.drafter!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        self.request(("a prompt",), "plain" if not self.prediction else "exact",
+                     "a prediction" if self.prediction else None, self.seed)  # the request's own checks
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1 (or None for the whole split), got {self.limit}")
-        if not 0 <= self.seed < 2**32:  # each batch's seed is seed * 1_000_003 + its index: well under 2**63
-            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
-        if self.prediction and self.drafter not in ("auto", "prediction"):
-            raise ValueError(f"prediction is drafted from by drafter 'auto' or 'prediction', not {self.drafter!r}")
+
+    def request(self, prompts: Sequence[str | list[dict]], verification: str, predictions, seed: int,
+                stop: Sequence[str] = ()) -> Request:
+        """These settings as a Request for some examples' prompts (predictions: one per prompt, or None) with
+        the task's stop strings."""
+        return Request(tuple(prompts), verification, Sampling(self.temperature), self.drafter, self.drafting,
+                       max_new_tokens=self.max_new_tokens, stop=tuple(stop), seed=seed, predictions=predictions,
+                       batch_size=self.batch_size)
 
     @property
     def drafting(self) -> DraftLength:
@@ -108,20 +105,18 @@ def _canonical(label: str, heads: bool) -> str:
             raise ValueError(f"peer {label!r}: use hf-exact, hf-default or hf-static:W with 0 < W < 1")
         return name if weight is None else f"{name}:{weight}"
     verification = Verification.parse(label)
-    if verification.name == "dynamic":
-        raise ValueError("verification 'dynamic' needs a Python weight function; evaluate a trained head as "
-                         "diversed:DIR")
     if verification.name == "diversed" and heads:
         head_folder(verification.head)  # a missing head is found before the models load
     return verification.label
 
 
 def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig, out_dir: str | Path, *,
-             resume: bool = False, progress: bool = True) -> list[dict]:
+             resume: bool = False, progress: bool = True, costs: CostMemory | None = None) -> list[dict]:
     """Run every verification on the task's examples and write results.jsonl, then the folder's report
     (report(): summary.{md,csv,json} and the plots) into out_dir, of every verification in it that has finished
     these examples, earlier runs' too. Returns this run's summaries (one per verification); under torchrun, only
-    rank 0 returns them."""
+    rank 0 returns them. costs: the auto schedule's measured costs to start from and add to (None: this run's
+    own)."""
     out_dir = Path(out_dir)
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a
     # corrected rerun would find an evaluation it has to --resume, with the refused settings.
@@ -137,7 +132,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
         predicted_outputs(config.task, examples)  # a task without input texts is refused before anything runs
     if config.prediction and any(m.partition(":")[0] in PEERS for m in verifications):
         raise ValueError("transformers' assisted generation takes no prediction: leave out its verifications")
-    heads = {m: load_head(pair, Verification.parse(m).head) for m in verifications
+    heads = {m: {Verification.parse(m).head: load_head(pair, Verification.parse(m).head)} for m in verifications
              if m.partition(":")[0] == "diversed"}
     _check_resumable(out_dir, config, resume)  # on every rank, so that all of them stop together
     _barrier()
@@ -149,6 +144,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
     # Each rank repairs only the file it appends to; a torn tail of another rank's file is read as absent.
     done = {(r["example"], r["verification"]) for path in _result_files(out_dir)
             for r in load_done_rows(path, repair=path == part)}
+    costs = CostMemory() if costs is None else costs
     machine = describe()  # every row names it: a run resumed on another machine times its rows there
     mine = list(range(rank, len(examples), world))
     todo = [(i, m) for i in mine for m in verifications if (examples[i].id, m) not in done]
@@ -164,7 +160,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
                     continue
                 # A group cut short by a kill runs again whole: the same batch and seed as an unbroken run
                 # (and as the other verifications), with only its missing rows written.
-                for row in _run_batch(pair, task, examples, group, label, config, heads.get(label)):
+                for row in _run_batch(pair, task, examples, group, label, config, heads.get(label), costs):
                     if (row["example"], label) in done:
                         continue
                     row["machine"] = machine
@@ -265,11 +261,11 @@ def _batching(batch_size: int) -> str:
                                        "single-request speed")
 
 
-def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig, head
-               ) -> list[dict]:
+def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig,
+               heads: dict | None, costs: CostMemory) -> list[dict]:
     """One verification on some examples, decoded together (one at a time for the peers); the seed depends on
     the first example only, so verifications share it."""
-    seed = config.seed * 1_000_003 + indices[0]
+    seed = (config.seed * 1_000_003 + indices[0]) % 2**63
     name, _, value = label.partition(":")
     if name in PEERS:
         results = []
@@ -283,13 +279,10 @@ def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str,
             results.append((text, stats.to_dict()))
     else:
         prompts = [examples[i].prompt_for(pair.tokenizer.chat_template is not None) for i in indices]
-        completions = generate(pair, prompts, verification=label, drafter=config.drafter,
-                               temperature=config.temperature, draft_length=config.drafting,
-                               max_new_tokens=config.max_new_tokens, stop=task.stop, batch_size=len(indices),
-                               seed=seed, weight_fn=head,
-                               # The target alone (plain) drafts nothing: it is every prediction's baseline.
-                               prediction=predicted_outputs(task.name, [examples[i] for i in indices])
-                               if config.prediction and label != "plain" else None)
+        # The target alone (plain) drafts nothing: it is every prediction's baseline.
+        predictions = predicted_outputs(task.name, [examples[i] for i in indices]) \
+            if config.prediction and label != "plain" else None
+        completions = run(pair, config.request(prompts, label, predictions, seed, task.stop), heads=heads, costs=costs)
         results = [(c.text, c.metrics) for c in completions]
     rows = []
     for index, (text, metrics) in zip(indices, results, strict=True):

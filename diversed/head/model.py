@@ -88,6 +88,8 @@ class EnsembleHead(nn.Module):
     bias the logit of the initial value's share of top). Built for its kind by `build` (or `load`); this class
     is the mixture head, w from [h_draft ; h_target]."""
 
+    rule = "dynamic"  # the verification rule its values are for: the mixture weight of each drafted token
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
@@ -171,7 +173,9 @@ class EnsembleHead(nn.Module):
 
 class LenienceHead(EnsembleHead):
     """A head of kind "lenience" or "lenience-target": L per drafted token for rule "lossy" (the module
-    docstring says what it reads and why). Decoding calls `lenience` (diversed.decoding.policy.LenienceFn)."""
+    docstring says what it reads and why). Decoding calls `lenience` (diversed.decoding.policy.LenienceHead)."""
+
+    rule = "lossy"
 
     def lenience(self, drafts: Tensor, q: Tensor | None, p: Tensor, h_target: Tensor, shift: float | None = None
                  ) -> Tensor:

@@ -225,7 +225,7 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     generation = decode(pair.target, batch, draft=pair.draft, drafter=config.drafter,
                         verification=Verification("dynamic"), sampling=sampling,
                         draft_length=DraftLength(config.draft_length), max_new_tokens=config.max_new_tokens,
-                        eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed,
+                        eos_token_ids=pair.eos_token_ids, head=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
                         predictions=None if predictions is None else [p for p in predictions for _ in range(k)],
                         on_round=lambda i, result, row, count: traces[i].add(result, row, count))

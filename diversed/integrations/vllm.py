@@ -87,8 +87,6 @@ def parse_verification(text: str) -> Verification | None:
         verification = Verification.parse(text)
         if verification.rule is None:
             raise ValueError("'plain' (the target alone) verifies nothing; run vLLM without speculative_config")
-        if verification.name == "dynamic":
-            raise ValueError("'dynamic' takes its weights from a head: write 'diversed' or 'diversed:HEAD'")
         if verification.name == "diversed":
             head_folder(verification.head)  # only looks at the files: cheap enough for every request
     except (ValueError, FileNotFoundError) as err:

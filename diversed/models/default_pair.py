@@ -54,6 +54,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DIVERSED_CACHE") or Path.home() / ".cache" / "diversed").expanduser()
 
 
+def costs_file() -> Path:
+    """Where the command line and the server keep the auto schedule's measured costs between runs
+    (diversed.decoding.schedule.CostMemory): $DIVERSED_COSTS if set, else speed-costs.json in the cache folder."""
+    return Path(os.environ.get("DIVERSED_COSTS") or cache_dir() / "speed-costs.json").expanduser()
+
+
 def part_paths(spec: DefaultModel) -> list[Path]:
     """The data file of each of `spec`'s installed carrier distributions, in part order.
 

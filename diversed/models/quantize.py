@@ -2,8 +2,8 @@
 float32 arithmetic) for any model, int8 weights and activations for drafts.
 
 CPU decoding is bound by reading weights, and float32 matmuls over the 1 to N+1 rows of a decoding step use
-CPUs poorly; smaller weights and kernels made for few rows are faster (benchmarks/README.md, "CPU linear
-layers", has the measurements that chose these). float16 weights change nearly nothing: the default pair's
+CPUs poorly; smaller weights and kernels made for few rows are faster (benchmarks/results/cpu-linear-layers.md
+has the measurements that chose these). float16 weights change nearly nothing: the default pair's
 weights come from 4-bit GGUF files in the first place. int8 is coarser, so it is for drafts only: a draft's
 precision never changes what lossless verification writes, only how often drafts are accepted.
 

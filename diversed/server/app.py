@@ -13,30 +13,28 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import secrets
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from jinja2 import TemplateError  # what transformers' chat templates raise, raise_exception() included
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from diversed.admission import admit, load_head
 from diversed.decoding.drafters import SuffixCache, make_drafter, prediction_tokens
-from diversed.decoding.engine import Batch, Job, context_room
-from diversed.decoding.policy import Policy
+from diversed.decoding.engine import Batch, Job
+from diversed.decoding.policy import Head
 from diversed.decoding.provenance import TokenOrigin, records
-from diversed.generation import load_head
-from diversed.head.model import EnsembleHead
+from diversed.decoding.schedule import CostMemory
 from diversed.head.names import PRETRAINED_HEADS
+from diversed.models.default_pair import costs_file
 from diversed.models.loading import Pair
 from diversed.request import (
     DEFAULT_DRAFTING,
@@ -44,10 +42,10 @@ from diversed.request import (
     RULE_SPECS,
     ContextTooLong,
     DraftLength,
+    HeadNotFound,
     RequestError,
     RuleSpec,
     Verification,
-    check_predictions,
     renamed_keywords,
 )
 from diversed.server.metrics import Metrics
@@ -62,7 +60,7 @@ from diversed.server.protocol import (
     usage,
 )
 from diversed.server.worker import QueueFull, Worker
-from diversed.text import StreamedText, TokenTexts, encode_messages, stop_checker
+from diversed.text import StreamedText, TokenTexts
 
 _PAGE = Path(__file__).parent / "playground"  # the playground's static files, shipped in the package
 
@@ -101,8 +99,6 @@ class ServerConfig:
             raise ValueError("drafter 'prediction' as the server's default would refuse every request without a "
                              "prediction: 'auto' drafts from a request's prediction first (a request may still "
                              "name 'prediction')")
-        if verification.name == "dynamic":
-            raise ValueError("verification 'dynamic' needs a weight function: use 'diversed' with a head")
         if verification.name == "diversed" and verification.head not in (None, "default", *self.heads,
                                                                           *PRETRAINED_HEADS):
             raise ValueError(f"--verification {self.verification}: no head named {verification.head!r} (the server "
@@ -111,13 +107,14 @@ class ServerConfig:
 
 
 class Server:
-    """The pair, its heads, the engine thread and the metrics behind the routes."""
+    """The pair, its heads, the engine thread and the metrics behind the routes. costs: the auto schedule's
+    measured costs (default: the cache folder's file, saved when the engine stops)."""
 
-    def __init__(self, pair: Pair, config: ServerConfig) -> None:
+    def __init__(self, pair: Pair, config: ServerConfig, costs: CostMemory | None = None) -> None:
         self.pair, self.config = pair, config
         self.model_name = config.model_name or pair.target_name
         self.default_verification = Verification.parse(config.verification)
-        self.heads: dict[str, EnsembleHead] = {name: load_head(pair, folder) for name, folder in config.heads.items()}
+        self.heads: dict[str, Head] = {name: load_head(pair, folder) for name, folder in config.heads.items()}
         for name in ("default", *PRETRAINED_HEADS):
             if name not in self.heads:
                 try:
@@ -131,70 +128,45 @@ class Server:
         if default.name == "diversed" and not self.heads:
             raise ValueError(f"--verification {config.verification}: no head fits this pair (the shipped heads fit "
                              "the built-in pair only): give one with --head NAME=DIR")
+        # A request's "diversed" that names no head gets the default one (or the only one loaded).
+        self.heads_by_name: dict[str | None, Head] = dict(self.heads)
+        if self.heads:
+            self.heads_by_name[None] = self.heads.get("default", next(iter(self.heads.values())))
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
+        self.costs = CostMemory(costs_file()) if costs is None else costs
         self.metrics = Metrics()
         self.cache = SuffixCache()  # shared by every batch and request of this server
-        self.worker = Worker(self._new_batch, config.max_waiting, self._gauges)
+        self.worker = Worker(self._new_batch, config.max_waiting, self._gauges, self.costs.save)
 
     def _new_batch(self) -> Batch:
         drafter = make_drafter("auto", self.pair.draft, capacity=self.config.max_batch,
                                confidence=self.drafting.confidence, cache=self.cache)
-        return Batch(self.pair.target, drafter, draft_length=self.drafting,
-                     eos_token_ids=self.pair.eos_token_ids, capacity=self.config.max_batch)
+        return Batch(self.pair.target, drafter, draft_length=self.drafting, eos_token_ids=self.pair.eos_token_ids,
+                     capacity=self.config.max_batch, costs=self.costs)
 
     def _gauges(self, running: int, waiting: int) -> None:
         self.metrics.running.set(running)
         self.metrics.waiting.set(waiting)
 
+    def call(self, body, chat: bool) -> Call:
+        """A body as a Call, with the server's rule, drafting and drafter for what it leaves out; BadRequest for
+        what the wire format or the request refuses."""
+        try:
+            return parse_call(body, chat, self.default_verification, self.drafting, self.config.drafter)
+        except RequestError as error:
+            raise BadRequest(*request_error(error, chat)) from None
+
     def job(self, call: Call) -> Job:
-        """The decoding job of a checked call: tokens, policy (rule, sampling, seed, head, draft cap), limits;
-        BadRequest for what only the pair can tell (unknown head, prompt too long for the context)."""
-        tokenizer = self.pair.tokenizer
-        if call.chat:
-            if tokenizer.chat_template is None:
-                raise BadRequest(f"{self.model_name} has no chat template: use /v1/completions", "messages")
-            try:
-                ids = encode_messages(tokenizer, call.prompt)
-            except TemplateError as error:  # a template's own refusal, e.g. "roles must alternate"
-                raise BadRequest(f"the chat template refused the messages: {error}", "messages") from None
-        else:
-            ids = tokenizer(call.prompt, add_special_tokens=True)["input_ids"]
-        verification, weight_fn = call.verification, None
-        if verification.name == "diversed":
-            default = self.default_verification.head if self.default_verification.name == "diversed" else None
-            name = call.head or verification.head or default or next(iter(self.heads), None)
-            if name not in self.heads:
-                loaded = ", ".join(self.heads) or "none"
-                raise BadRequest(f"no head named {name!r} is loaded (loaded: {loaded})" if name else
-                                 "verification 'diversed' needs a head and this server loaded none",
-                                 "verification" if call.verification.head else "head", "head_not_found")
-            weight_fn, verification = self.heads[name], replace(verification, head=name)
-        generator = torch.Generator(device=self.pair.target.device)
-        generator.manual_seed(secrets.randbits(63) if call.seed is None else call.seed)
-        room = context_room((self.pair.target, self.pair.draft), len(ids), self.drafting.longest)
-        max_tokens = call.max_tokens or max(min(self.config.max_tokens or room, room), 1)
-        drafter = call.drafter or self.config.drafter
-        if drafter == "model" and self.pair.draft is None:
-            raise BadRequest("this server has no draft model: use drafter 'auto', 'lookup' or 'suffix'", "drafter")
+        """The decoding job of a call (diversed.admission.admit); BadRequest for what only the pair can tell
+        (an unknown head, a prompt too long for the context, no draft model)."""
         try:
-            check_predictions(call.prediction, 1, verification, drafter)
+            job, = admit(call.request, self.pair, self.heads_by_name)
         except RequestError as error:
-            raise BadRequest(*request_error(error, call.chat)) from None
-        prediction = None if call.prediction is None else \
-            tokenizer(call.prediction, add_special_tokens=False)["input_ids"]
-        job = Job(ids, Policy(verification, call.sampling, generator, weight_fn, call.draft_length, drafter),
-                  max_tokens, stop_checker(tokenizer, call.stop), prediction=prediction, provenance=call.provenance)
-        try:
-            self.worker.batch.check(job)
-        except ContextTooLong as error:
-            if error.field == "prediction":
-                raise BadRequest(*request_error(error, call.chat), "context_length_exceeded") from None
-            if room < 1:  # the prompt alone leaves no room, whatever max_tokens says
-                raise BadRequest(error.message_for("the new tokens"), "messages" if call.chat else "prompt",
-                                 "context_length_exceeded") from None
-            raise BadRequest(error.message_for("max_tokens"), "max_tokens", "context_length_exceeded") from None
-        except RequestError as error:
-            raise BadRequest(*request_error(error, call.chat)) from None
+            code = "context_length_exceeded" if isinstance(error, ContextTooLong) else \
+                "head_not_found" if isinstance(error, HeadNotFound) else None
+            raise BadRequest(*request_error(error, call.chat), code) from None
+        if not call.max_tokens_set and self.config.max_tokens is not None:  # the server's limit, within the room
+            job.max_new_tokens = min(job.max_new_tokens, self.config.max_tokens)
         return job
 
 
@@ -318,7 +290,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
         raise BadRequest(f"the request body is not valid JSON: {error}", None, "invalid_json") from None
-    call = parse_call(body, chat, server.default_verification)
+    call = server.call(body, chat)
     if call.model is not None and call.model != server.model_name:
         raise BadRequest(f"the model {call.model!r} does not exist; this server has {server.model_name!r}", "model",
                          "model_not_found", status=404)
@@ -331,8 +303,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
                          status=503) from None
     server.metrics.prompt_tokens.inc(len(job.prompt))
     reply = Reply(chat, server.model_name, call.include_usage)
-    text = StreamedText(server.pair.tokenizer, call.stop)
-    record = _recorder(server.pair.tokenizer) if call.provenance else None
+    text = StreamedText(server.pair.tokenizer, call.request.stop)
+    record = _recorder(server.pair.tokenizer) if call.request.provenance else None
     if call.stream:
         return StreamingResponse(_stream(server, job, events, reply, text, record, call),
                                  media_type="text/event-stream")

@@ -1,7 +1,10 @@
-"""The OpenAI wire format: request bodies checked into a Call, and the response and chunk bodies.
+"""The OpenAI wire format: request bodies translated into a Request (diversed.request, which checks every
+field of it), and the response and chunk bodies.
 
 Every field a client may send is either used, accepted at its neutral value only (e.g. presence_penalty 0),
-or refused with a BadRequest naming it: nothing a client asks for is silently ignored. The verification
+or refused with a BadRequest naming it: nothing a client asks for is silently ignored. This module checks the
+wire's own shapes (an object where one is due, the fields it knows, content parts); the values themselves are
+the Request's to check. The verification
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
 rule as `--verification` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
 of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
@@ -16,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.request import DRAFTERS, RequestError, Sampling, Verification, check_encodable
+from diversed.request import DraftLength, Request, RequestError, Sampling, Verification
 
 
 class BadRequest(Exception):
@@ -33,7 +36,7 @@ class BadRequest(Exception):
 
 
 # The request's own names (diversed.request) that OpenAI's API spells otherwise.
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "max_drafts": "draft_length", "predictions": "prediction"}
 
 
 def request_error(error: RequestError, chat: bool) -> tuple[str, str]:
@@ -49,23 +52,16 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 
 @dataclass(frozen=True)
 class Call:
-    """A checked completion request: the prompt (text, or chat messages), how to decode it, how to reply."""
+    """A completion request as the server runs it: the Request, and how to reply (the endpoint, streaming,
+    usage in the stream, the model the client named). max_tokens_set: whether the body set a limit (else the
+    server's own may cap it)."""
 
+    request: Request
     chat: bool
-    prompt: str | list[dict]
-    verification: Verification
-    head: str | None
-    sampling: Sampling
-    max_tokens: int | None
-    stop: tuple[str, ...]
-    seed: int | None
-    draft_length: int | None
-    drafter: str | None
     stream: bool
     include_usage: bool
     model: str | None
-    prediction: str | None  # Predicted Outputs' content
-    provenance: bool
+    max_tokens_set: bool
 
 
 # Fields accepted only at the value that changes nothing (OpenAI's defaults): on both endpoints, then on one.
@@ -86,8 +82,10 @@ _FIELDS = {False: _COMMON | {"prompt", *_ENDPOINT_NEUTRAL[False]},
 _ROLES = ("system", "user", "assistant", "developer")
 
 
-def parse_call(body, chat: bool, default_verification: Verification) -> Call:
-    """Check a /v1/completions (chat=False) or /v1/chat/completions body; BadRequest names the field."""
+def parse_call(body, chat: bool, verification: Verification, drafting: DraftLength, drafter: str) -> Call:
+    """A /v1/completions (chat=False) or /v1/chat/completions body as a Call; BadRequest names a field the wire
+    format refuses, RequestError one the request does. verification, drafting, drafter: the server's, for a
+    request that sets none."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     unknown = sorted(set(body) - _FIELDS[chat])
@@ -100,15 +98,8 @@ def parse_call(body, chat: bool, default_verification: Verification) -> Call:
     for name, (kind, what) in _IGNORED.items():
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise BadRequest(f"{name} must be {what}, got {body[name]!r}", name)
-    prompt = _messages(body) if chat else _prompt(body)
-    verification, head = _verification(body, default_verification)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise BadRequest("top_p must be in (0, 1]", "top_p")
-    top_k = _integer(body, "top_k", 0, 0)
-    max_tokens = _integer(body, "max_tokens", None if chat else 16, 1)
-    if chat and (completion_tokens := _integer(body, "max_completion_tokens", None, 1)) is not None:
+    max_tokens = _given(body, "max_tokens", None if chat else 16)
+    if chat and (completion_tokens := body.get("max_completion_tokens")) is not None:
         if max_tokens not in (None, completion_tokens):
             raise BadRequest(f"max_tokens ({max_tokens}) and max_completion_tokens ({completion_tokens}) disagree: "
                              "send one", "max_completion_tokens")
@@ -123,9 +114,18 @@ def parse_call(body, chat: bool, default_verification: Verification) -> Call:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    return Call(chat, prompt, verification, head, Sampling(temperature, top_k, top_p), max_tokens, _stop(body),
-                _integer(body, "seed", None, 0), _integer(body, "draft_length", None, 1), _drafter(body),
-                stream, include_usage, model, _prediction(body), _flag(body, "provenance"))
+    request = Request(_messages(body) if chat else _prompt(body), _verification(body, verification),
+                      Sampling(_given(body, "temperature", 1.0), _given(body, "top_k", 0), _given(body, "top_p", 1.0)),
+                      _given(body, "drafter", drafter), drafting, body.get("draft_length"), max_tokens,
+                      _given(body, "stop", ()), body.get("seed"), _prediction(body), _given(body, "provenance", False),
+                      chat)
+    return Call(request, chat, stream, include_usage, model, max_tokens is not None)
+
+
+def _given(body: dict, name: str, default):
+    """A body field as sent, or the default where it is missing or null."""
+    value = body.get(name)
+    return default if value is None else value
 
 
 def _prediction(body: dict) -> str | None:
@@ -135,115 +135,64 @@ def _prediction(body: dict) -> str | None:
         return None
     if not isinstance(prediction, dict) or set(prediction) != {"type", "content"} or prediction["type"] != "content":
         raise BadRequest('prediction must be an object {"type": "content", "content": text}', "prediction")
-    content = prediction["content"]
-    if isinstance(content, list):  # content parts: text parts only
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise BadRequest("prediction.content may hold only text parts", "prediction.content")
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise BadRequest("prediction.content must be a string or a list of text parts", "prediction.content")
-    return _encodable("prediction.content", content)
-
-
-def _drafter(body: dict) -> str | None:
-    drafter = body.get("drafter")
-    if drafter is not None and drafter not in DRAFTERS:
-        raise BadRequest(f"drafter must be one of {list(DRAFTERS)}", "drafter")
-    return drafter
+    return _text(prediction["content"], "prediction.content")
 
 
 def _prompt(body: dict) -> str:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
-    if not isinstance(prompt, str):
+    if isinstance(prompt, list):
         raise BadRequest("prompt must be a string (one prompt a request)", "prompt")
-    if not prompt:
-        raise BadRequest("prompt is empty", "prompt")
-    return _encodable("prompt", prompt)
+    return prompt
 
 
 def _messages(body: dict) -> list[dict]:
+    """The chat messages as the request's conversation: "developer" is "system", content parts joined."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
-    checked = []
+    if not isinstance(messages, list):
+        return messages  # the request says what a conversation must be
+    conversation = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{i}] must be an object with a role in {list(_ROLES)}", f"messages[{i}].role")
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object with a role and content", f"messages[{i}]")
         # A message passed back from a response carries its empty fields (refusal: null, tool_calls: null):
         # those change nothing; any other field (name, tool_calls, ...) the template would drop.
         extra = sorted(k for k, v in message.items() if k not in ("role", "content") and v not in (None, []))
         if extra:
             raise BadRequest(f"this server does not support messages[{i}].{extra[0]}; leave it out",
                              f"messages[{i}].{extra[0]}", "unsupported_parameter")
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: text parts only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise BadRequest(f"messages[{i}].content may hold only text parts", f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string", f"messages[{i}].content")
-        checked.append({"role": "system" if message["role"] == "developer" else message["role"],
-                        "content": _encodable(f"messages[{i}].content", content)})
-    return checked
+        role = message.get("role")
+        conversation.append({"role": "system" if role == "developer" else role,
+                             "content": _text(message.get("content"), f"messages[{i}].content")})
+    return conversation
 
 
-def _encodable(param: str, text: str) -> str:
-    try:
-        check_encodable(param, text)
-    except ValueError as error:
-        raise BadRequest(str(error), param) from None
-    return text
+def _text(content, param: str):
+    """A content field: text, or a list of text parts joined (what else it holds, the request checks)."""
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise BadRequest(f"{param} may hold only text parts", param)
+        return "".join(p["text"] for p in content)
+    return content
 
 
-def _verification(body: dict, default: Verification) -> tuple[Verification, str | None]:
-    text = body.get("verification")
-    head = body.get("head")
-    if head is not None and not isinstance(head, str):
-        raise BadRequest("head must be the name of a loaded head", "head")
-    if text is None:  # the server's rule; a head alone asks for "diversed" (with the server's shift, if it has one)
+def _verification(body: dict, default: Verification) -> Verification:
+    """The body's verification with its head: the server's where it names neither; a head alone asks for
+    "diversed" (with the server's shift where its rule is "diversed"); "diversed" without a head takes the
+    server's head, if it names one."""
+    text, head = body.get("verification"), body.get("head")
+    if text is None:
         verification = default if head is None or default.name == "diversed" else Verification("diversed")
+        if head is not None and default.name == "diversed":
+            verification = Verification("diversed", shift=default.shift)
     else:
-        if not isinstance(text, str):
-            raise BadRequest("verification must be a string such as 'exact', 'static:0.7' or 'diversed'",
-                             "verification")
-        try:
-            verification = Verification.parse(text)
-        except RequestError as error:
-            raise BadRequest(*request_error(error, chat=False)) from None
-        if verification.head is not None:  # the head by name: a client never names a folder on the server
-            if head not in (None, verification.head):
-                raise BadRequest(f"verification {text!r} names head {verification.head!r} and head names {head!r}: "
-                                 "name one", "head")
-            head = verification.head
-        if verification.name == "dynamic":
-            raise BadRequest("verification 'dynamic' needs a weight function: use 'diversed' with a head",
-                             "verification")
-    if head is not None and verification.name != "diversed":
-        raise BadRequest(f"head is for verification 'diversed', not {verification.label!r}", "head")
-    return verification, head
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    # The range test refuses NaN and infinity too, and compares an integer of any size without overflow.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise BadRequest(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}", name)
-    return float(value)
-
-
-def _integer(body: dict, name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
-        raise BadRequest(f"{name} must be an integer >= {low}, got {value!r}", name)
-    return value
+        verification = Verification.parse(text)
+        if verification.name == "diversed" and verification.head is None and head is None and \
+                default.name == "diversed":
+            verification = Verification("diversed", head=default.head, shift=verification.shift)
+    return verification.with_head(head)
 
 
 def _flag(body: dict, name: str, param: str | None = None) -> bool:
@@ -253,14 +202,6 @@ def _flag(body: dict, name: str, param: str | None = None) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"{param or name} must be true or false", param or name)
     return value
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, list | tuple) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise BadRequest("stop must be a non-empty string or a list of at most 4 of them", "stop")
-    return tuple(_encodable("stop", s) for s in stop)
 
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}

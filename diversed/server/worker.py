@@ -23,11 +23,12 @@ class QueueFull(Exception):
 class Worker:
     """Runs `new_batch()`'s batch in a thread. capacity: jobs decoded together; max_waiting: jobs queued
     beyond them. A round that raises fails the jobs of the batch (each told through its on_error) and the
-    thread goes on with a fresh batch."""
+    thread goes on with a fresh batch. on_stop: called once the last batch has closed (to save its costs)."""
 
     def __init__(self, new_batch: Callable[[], Batch], max_waiting: int,
-                 on_change: Callable[[int, int], None] = lambda running, waiting: None) -> None:
-        self.new_batch, self.max_waiting, self.on_change = new_batch, max_waiting, on_change
+                 on_change: Callable[[int, int], None] = lambda running, waiting: None,
+                 on_stop: Callable[[], None] = lambda: None) -> None:
+        self.new_batch, self.max_waiting, self.on_change, self.on_stop = new_batch, max_waiting, on_change, on_stop
         self.batch = new_batch()
         self._waiting: deque[tuple[Job, ErrorFn]] = deque()
         self._errors: dict[int, ErrorFn] = {}
@@ -51,7 +52,7 @@ class Worker:
         self._thread.start()
 
     def submit(self, job: Job, on_error: ErrorFn) -> None:
-        """Queue a job (checked already: Batch.check); QueueFull when max_waiting jobs wait already."""
+        """Queue a job (admitted already: diversed.admission); QueueFull when max_waiting jobs wait already."""
         with self._wake:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
@@ -81,7 +82,7 @@ class Worker:
                     self._wake.wait()
                 if self._stopping and not self._waiting and not self.batch.jobs:
                     self.batch.close()
-                    self.batch.costs.save()
+                    self.on_stop()
                     return
                 joining = []
                 while self._waiting and len(self.batch.jobs) + len(joining) < self.batch.capacity:
@@ -100,7 +101,7 @@ class Worker:
         if job.cancelled:
             return
         try:
-            self.batch.add(job, checked=True)  # the server checked it before submitting (Server.job)
+            self.batch.add(job)
             self._errors[id(job)] = on_error
         except (ValueError, RuntimeError) as error:
             on_error(job, str(error))

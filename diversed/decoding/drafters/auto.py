@@ -1,7 +1,7 @@
-"""The default drafter: each round, the speed model's choice between the copying drafters (the best of the
-request's prediction, prompt lookup and the suffix cache for each row), the draft model, and no drafts (the
-target alone), by the tokens per second it predicts for each from measured costs and each drafter's running
-acceptance."""
+"""The default drafter, all the others together: each round, the best of the copying drafters (the request's
+prediction, prompt lookup and the suffix cache, for each row), the draft model, or no drafts (the target alone).
+Under the auto schedule the speed model chooses, by the tokens per second it predicts for each from measured
+costs and each drafter's running acceptance (diversed.decoding.scheduler)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diversed.decoding.drafters.base import CopyDrafter, DraftRound, Proposal, best_candidate, copied, copy_width
+from diversed.decoding.drafters.base import (
+    Candidate,
+    CopyDrafter,
+    Drafter,
+    DraftRound,
+    Proposal,
+    best_candidate,
+    copied,
+)
 from diversed.decoding.drafters.model import ModelDrafter
 
 
 class AutoDrafter:
-    """Copying drafters and, where the pair has one, the draft model. Without a speed model (a schedule other
-    than auto) each row drafts by itself: from its prediction where it has one, else by the draft model where
-    there is one, else by copying. With one, a round's choice is the batch's (one pass, one width). A mixture
-    head (which reads the draft model's hidden states) gets the draft model's drafts only."""
+    """Every drafter that can run: the copying ones and, where the pair has one, the draft model. Each row
+    drafts by itself: from its prediction where it has one, else by the draft model where there is one, else
+    by copying. Under the auto schedule the Scheduler chooses for the batch instead (one pass, one width), from
+    best_copies and the draft model. A mixture head (which reads the draft model's hidden states) gets the draft
+    model's drafts only."""
 
     name = "auto"
 
-    def __init__(self, copiers: Sequence[CopyDrafter], model: ModelDrafter | None = None) -> None:
-        self.copiers, self.model = list(copiers), model
-        self.members = [*self.copiers, *([model] if model is not None else [])]
-        self.has_hidden = model is not None
-        self.draft_model = None if model is None else model.draft_model
+    def __init__(self, members: Sequence[Drafter]) -> None:
+        self.members = list(members)
+        self.copiers = [m for m in self.members if isinstance(m, CopyDrafter)]
+        self.model: ModelDrafter | None = next((m for m in self.members if isinstance(m, ModelDrafter)), None)
+        self.has_hidden = self.model is not None
+        self.draft_model = None if self.model is None else self.model.draft_model
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         for member in self.members:
@@ -42,40 +52,29 @@ class AutoDrafter:
         for member in self.members:
             member.advance(emitted)
 
+    def best_copies(self, ask: DraftRound) -> tuple[list[Candidate | None], list[str]]:
+        """Each row's copy from the copying drafter expected to add the most tokens within the row's cap (ties:
+        the first, the prediction), and that drafter's name."""
+        per_copier = [copier.candidates(ask.only(copier.name).caps) for copier in self.copiers]
+        rows = list(zip(*per_copier, strict=True))
+        chosen = [best_candidate(options, cap) for options, cap in zip(rows, ask.caps, strict=True)]
+        return [options[i] for options, i in zip(rows, chosen, strict=True)], [self.copiers[i].name for i in chosen]
+
     def propose(self, ask: DraftRound) -> Proposal | None:
-        caps, speed, model_ask = ask.caps, ask.speed, ask.only("model")
+        model_ask = ask.only("model")
         if ask.hidden:  # a mixture head reads the draft model's hidden states: its drafts only
             return self.model.propose(model_ask) if self.model is not None else None
-        per_copier = [copier.candidates(ask.only(copier.name).caps) for copier in self.copiers]
-        # Each row copies from the drafter expected to add the most tokens within the row's cap (ties: the first,
-        # the prediction).
-        rows = list(zip(*per_copier, strict=True))
-        chosen = [best_candidate(options, cap) for options, cap in zip(rows, caps, strict=True)]
-        best = [options[i] for options, i in zip(rows, chosen, strict=True)]
-        names = [self.copiers[i].name for i in chosen]
-        if speed is None:  # row by row, so that a row's drafts never depend on its company: its prediction
-            # where it has one, else the draft model where it may use one, else its best copy
-            by_model = [cap > 0 and not (c is not None and name == "prediction")
-                        for cap, c, name in zip(model_ask.caps, best, names, strict=True)]
-            drafted = None
-            if self.model is not None and any(by_model):
-                caps = [cap if m else 0 for cap, m in zip(model_ask.caps, by_model, strict=True)]
-                drafted = self.model.propose(replace(model_ask, caps=caps))
-            copies = copied([None if m else c for c, m in zip(best, by_model, strict=True)], names, None)
-            return _beside(drafted, copies)
-        if 1 not in speed.width:  # a step of the target alone first: every choice is weighed against it
-            return None
-        width, copy_rate = copy_width(best, speed)
-        n_model = speed.draft_length if self.model is not None and any(model_ask.caps) else 0
-        if n_model:
-            # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed. Once
-            # timed, it drafts where it is predicted fastest, paying for the tokens it has to catch up on
-            # (those written while copying or the target alone wrote them).
-            untimed = not speed.draft_steps
-            if (not width) if untimed else \
-                    speed.model_rate(n_model, self.model.behind) >= max(copy_rate, speed.tokens_per_second(0)):
-                return self.model.propose(model_ask)
-        return copied(best, names, speed) if width else None
+        best, names = self.best_copies(ask)
+        # Row by row, so that a row's drafts never depend on its company: its prediction where it has one, else
+        # the draft model where it may use one, else its best copy.
+        by_model = [cap > 0 and not (c is not None and name == "prediction")
+                    for cap, c, name in zip(model_ask.caps, best, names, strict=True)]
+        drafted = None
+        if self.model is not None and any(by_model):
+            caps = [cap if m else 0 for cap, m in zip(model_ask.caps, by_model, strict=True)]
+            drafted = self.model.propose(replace(model_ask, caps=caps))
+        copies = copied([None if m else c for c, m in zip(best, by_model, strict=True)], names)
+        return _beside(drafted, copies)
 
 
 def _beside(drafted: Proposal | None, copies: Proposal | None) -> Proposal | None:

@@ -22,7 +22,6 @@ from diversed.decoding.schedule import geometric_tau
 
 if TYPE_CHECKING:
     from diversed.backends import Model
-    from diversed.decoding.schedule import SpeedModel
 
 
 @dataclass(frozen=True)
@@ -31,14 +30,13 @@ class DraftRound:
     allowed[r]: which drafter may draft for row r ("auto": any member of an auto drafter); sample: a draft
     model's logits [B, V] to each row's drafted token [B] and its distribution q [B, V], by the row's own
     sampling and random stream; hidden: the draft model's hidden states are wanted (a mixture head reads
-    them); speed: the auto schedule's speed model, by whose predictions a drafter sizes its drafts (None:
-    draft up to the caps)."""
+    them); timed: the round is timed for the speed model (a GPU's queue is drained around each draft step)."""
 
     caps: list[int]
     allowed: list[str]
     sample: Callable[[Tensor], tuple[Tensor, Tensor]]
     hidden: bool = False
-    speed: SpeedModel | None = None
+    timed: bool = False
 
     def only(self, drafter: str) -> DraftRound:
         """This round with cap 0 for the rows that `drafter` may not draft for."""
@@ -50,8 +48,9 @@ class DraftRound:
 class Proposal:
     """One round's drafts: tokens [B, n] (row r drafted lengths[r] of them; the rest is padding), q [B, n, V]
     or None for point masses, the draft model's hidden states [B, n, d] where a head needs them, the draft
-    forwards run, which drafter wrote each row's drafts (None: the row drafted nothing), and the seconds and
-    number of the forwards that were draft steps alone (for the speed model)."""
+    forwards run, which drafter wrote each row's drafts (None: the row drafted nothing), the seconds and
+    number of the forwards that were draft steps alone, and a first forward that caught up on tokens the
+    draft model had not seen (for the speed model)."""
 
     tokens: Tensor
     lengths: Tensor
@@ -61,14 +60,32 @@ class Proposal:
     sources: list[str | None]
     draft_seconds: float = 0.0
     draft_steps: int = 0
+    catch_up: tuple[int, float] | None = None  # tokens per row the draft model caught up on first, and the seconds
+
+
+@dataclass(frozen=True)
+class DrafterSetup:
+    """What a drafter may be built from (`build`): the draft model (None: the pair has none), the most rows at
+    once, the draft model's confidence cut-off (DraftLength.confidence) and the suffix cache shared by a
+    process's requests."""
+
+    draft: Model | None
+    capacity: int = 1
+    confidence: float = 0.0
+    cache: object = None  # diversed.decoding.drafters.suffix.SuffixCache
 
 
 class Drafter(Protocol):
-    """Proposes drafts for the rows of a batch; one file per drafter in this package."""
+    """Proposes drafts for the rows of a batch; one file per drafter in this package, listed once in
+    diversed.request.DRAFTER_CLASSES."""
 
     name: str
     has_hidden: bool  # whether its proposals carry the draft model's hidden states (what a DIVERSED head reads)
     draft_model: Model | None  # the draft model it runs, if any
+
+    @classmethod
+    def build(cls, setup: DrafterSetup) -> Drafter | None:
+        """This drafter for a batch, or None where it cannot run (the draft model's, without one)."""
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         """A row joins, after the existing ones, with its prompt and what its answer is predicted to be, if
@@ -78,8 +95,7 @@ class Drafter(Protocol):
         """Keep only these rows, in this order."""
 
     def propose(self, ask: DraftRound) -> Proposal | None:
-        """Up to ask.caps[r] drafts for row r; None to have the target decide alone this round. With a speed
-        model (the auto schedule), the drafter chooses how many by predicted speed."""
+        """Up to ask.caps[r] drafts for row r; None where it has nothing to propose."""
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         """What each row wrote this round, in order (its kept drafts, then the next token)."""
@@ -173,9 +189,9 @@ def outcome(last: Candidate | None, written: Sequence[int]) -> str:
 class CopyDrafter:
     """A drafter that copies from text it has seen (its `candidate` says what): no model, no forward, a point
     mass on each drafted token. It keeps each row's text (prompt and everything written since) and learns,
-    per kind of proposal, how often its proposals are kept (Acceptance). With a speed model (the auto
-    schedule) it drafts the number of tokens predicted fastest, none included, from the measured verify cost
-    per width: a zero-cost draft pays wherever the tokens it is expected to add outweigh the wider pass."""
+    per kind of proposal, how often its proposals are kept (Acceptance), which the auto schedule weighs
+    (diversed.decoding.scheduler): a zero-cost draft pays wherever the tokens it is expected to add outweigh
+    the wider pass."""
 
     name = "copy"
     has_hidden = False
@@ -187,6 +203,10 @@ class CopyDrafter:
         self.runs: list[int] = []  # per row, how many tokens in a row its proposals have foretold
         self.outcomes: list[str] = []  # per row, how its previous proposal fared (outcome)
         self.acceptance = Acceptance()
+
+    @classmethod
+    def build(cls, setup: DrafterSetup) -> CopyDrafter:
+        return cls()
 
     def candidate(self, row: int, cap: int) -> Candidate | None:
         """What this drafter would propose for row `row`, at most cap tokens (None: nothing to copy)."""
@@ -218,7 +238,7 @@ class CopyDrafter:
 
     def propose(self, ask: DraftRound) -> Proposal | None:
         candidates = self.candidates(ask.caps)
-        return copied(candidates, [self.name] * len(candidates), ask.speed)
+        return copied(candidates, [self.name] * len(candidates))
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         self.outcomes = [outcome(last, written) for last, written in zip(self.last, emitted, strict=True)]
@@ -244,13 +264,12 @@ def best_candidate(options: Sequence[Candidate | None], cap: int) -> int:
     return max(range(len(options)), key=lambda i: -1.0 if options[i] is None else options[i].expected_tokens(cap))
 
 
-def copied(candidates: Sequence[Candidate | None], names: Sequence[str], speed: SpeedModel | None
+def copied(candidates: Sequence[Candidate | None], names: Sequence[str], width: int | None = None
            ) -> Proposal | None:
-    """A proposal of point masses from each row's candidate, cut to the width predicted fastest (all of each
-    candidate without a speed model); None where drafting nothing is predicted fastest."""
-    width = max((len(c.tokens) for c in candidates if c is not None), default=0)
-    if speed is not None:
-        width = copy_width(candidates, speed)[0]
+    """A proposal of point masses from each row's candidate, cut to `width` (None: all of each candidate);
+    None where it drafts nothing."""
+    if width is None:
+        width = max((len(c.tokens) for c in candidates if c is not None), default=0)
     if width == 0:
         return None
     lengths = [0 if c is None else min(len(c.tokens), width) for c in candidates]
@@ -258,18 +277,3 @@ def copied(candidates: Sequence[Candidate | None], names: Sequence[str], speed: 
     tokens = torch.tensor([t + [t[-1] if t else 0] * (width - len(t)) for t in padded])
     return Proposal(tokens, torch.tensor(lengths), None, None, 0,
                     [name if n else None for name, n in zip(names, lengths, strict=True)])
-
-
-def copy_width(candidates: Sequence[Candidate | None], speed: SpeedModel) -> tuple[int, float]:
-    """The width n (0: the target alone; else one of speed.draft_lengths) and its predicted tokens per second
-    and row, for drafts that cost nothing: mean over rows of the tokens a round writes, over the verify pass's
-    time at width n + 1. Until a step of the target alone is timed, 0 (so that one is)."""
-    if 1 not in speed.width:
-        return 0, 0.0
-    longest = max((len(c.tokens) for c in candidates if c is not None), default=0)
-    best, best_rate = 0, speed.tokens_per_second(0)
-    for n in speed.draft_lengths(longest):
-        tokens = sum(1.0 if c is None else c.expected_tokens(n) for c in candidates) / len(candidates)
-        if (rate := tokens / speed.verify_time(n + 1)) > best_rate:
-            best, best_rate = n, rate
-    return best, best_rate

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model
-from diversed.decoding.drafters.base import DraftRound, Proposal, common_prefix
+from diversed.decoding.drafters.base import DrafterSetup, DraftRound, Proposal, common_prefix
 from diversed.decoding.schedule import stopwatch
 
 
@@ -27,6 +27,10 @@ class ModelDrafter:
         self.texts: list[list[int]] = []
         self.fed: list[list[int]] | None = None  # this round's drafts that the cache saw, per row
 
+    @classmethod
+    def build(cls, setup: DrafterSetup) -> ModelDrafter | None:
+        return None if setup.draft is None else cls(setup.draft, setup.capacity, setup.confidence)
+
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.rows.extend(1)
         self.texts.append(list(prompt))
@@ -41,26 +45,17 @@ class ModelDrafter:
         return max((len(t) - n for t, n in zip(self.texts, self.rows.lengths, strict=True)), default=0)
 
     def propose(self, ask: DraftRound) -> Proposal | None:
-        caps, speed, behind = ask.caps, ask.speed, self.behind
-        catch_up = behind > 2
-        if speed is not None:
-            # A round that catches up times no draft step with its first forward: with none timed yet, it
-            # drafts two, so that the second is.
-            length = max(speed.draft_length, 2) if catch_up and not speed.draft_steps else speed.draft_length
-            if length and catch_up and speed.draft_steps and \
-                    speed.model_rate(length, behind) < speed.tokens_per_second(0):
-                return None  # catching up on what the target wrote alone would cost more than the drafts gain
-            caps = [min(c, length) for c in caps]
+        caps, behind = ask.caps, self.behind
         if max(caps, default=0) == 0:
             return None
         pending = [t[n:] for t, n in zip(self.texts, self.rows.lengths, strict=True)]
         drafts, q, hidden, lengths, seconds = self._draft(pending, list(caps), ask)
         self.fed = [row[:-1] for row in drafts.tolist()]  # the last draft is never fed
-        if catch_up and speed is not None:
-            speed.observe_catch_up(behind, seconds[0])
+        catch_up = behind > 2
         steps = seconds[1:] if catch_up else seconds  # a first step that caught up is no draft step's cost
         return Proposal(drafts, lengths, q, hidden, drafts.shape[1],
-                        [self.name if n else None for n in lengths.tolist()], sum(steps), len(steps))
+                        [self.name if n else None for n in lengths.tolist()], sum(steps), len(steps),
+                        (behind, seconds[0]) if catch_up else None)
 
     def advance(self, emitted: Sequence[Sequence[int]]) -> None:
         if self.fed is not None:  # keep what the cache saw that the row then wrote, less its last token, which
@@ -71,7 +66,6 @@ class ModelDrafter:
         for text, written in zip(self.texts, emitted, strict=True):
             text.extend(written)
 
-
     def _draft(self, tokens: list[list[int]], caps: list[int], ask: DraftRound
                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, list[float]]:
         """Propose up to caps[r] tokens for row r after feeding it `tokens`. Returns drafts [B, n'], their
@@ -81,7 +75,7 @@ class ModelDrafter:
         drafts, probs, states, seconds = [], [], [], []
         lengths = torch.tensor(caps)
         for i in range(max(max(caps), 1)):
-            lap = stopwatch(self.draft_model.device, synchronize=ask.speed is not None)
+            lap = stopwatch(self.draft_model.device, synchronize=ask.timed)
             h, logits = self.rows.feed(tokens, 1, hidden=ask.hidden)
             x, q = ask.sample(logits[:, -1])
             seconds.append(lap())

@@ -11,7 +11,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
-from diversed.decoding.drafters.base import LONGEST_MATCH, Candidate, CopyDrafter, match_class
+from diversed.decoding.drafters.base import LONGEST_MATCH, Candidate, CopyDrafter, DrafterSetup, match_class
 
 MAX_OCCURRENCES = 16  # occurrences kept per n-gram, the most recent: enough to tell a majority
 MAJORITY = 0.5  # a continuation stops where no next token follows more than this share of its occurrences
@@ -128,6 +128,10 @@ class SuffixDrafter(CopyDrafter):
         self.ids: list[int] = []
         self.prompt_lengths: list[int] = []
         super().__init__()
+
+    @classmethod
+    def build(cls, setup: DrafterSetup) -> SuffixDrafter:
+        return cls(setup.cache if setup.cache is not None else SuffixCache())
 
     def _open(self, prompt: Sequence[int], prediction: Sequence[int] | None) -> list[int]:
         self.ids.append(self.cache.open(prompt))
