@@ -28,8 +28,8 @@ from head_weights import score_completions, token_kind
 from scipy.stats import mannwhitneyu
 from tqdm import tqdm
 
+from diversed.admission import load_head
 from diversed.decoding.engine import decode
-from diversed.generation import load_head
 from diversed.models.loading import load_pair
 from diversed.request import Sampling, Verification
 from diversed.tasks import get_task

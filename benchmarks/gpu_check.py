@@ -53,7 +53,7 @@ def checks() -> list[tuple[str, bool]]:
     results.append(("sampling: static w=1 == exact, same seed", exact == static))
     results.append(("sampling: same seed, same tokens", exact == decode(target, PROMPTS, **kwargs).tokens))
     head = EnsembleHead(HeadConfig(128, 128)).to(DEVICE)
-    out = decode(target, PROMPTS, verification=Verification("dynamic"), weight_fn=head, **kwargs)
+    out = decode(target, PROMPTS, verification=Verification("dynamic"), head=head, **kwargs)
     results.append(("dynamic rule with a head on the GPU", all(len(t) == 32 for t in out.tokens)))
     return results
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from head_weights import token_weights, write_weights_report
 
+from diversed.admission import load_head
 from diversed.evaluation.run import CONFIG_FILE, RESULTS_FILE, load_done_rows
-from diversed.generation import generate, load_head
+from diversed.generation import generate
 from diversed.models.loading import load_pair
 from diversed.tasks import get_task
 

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import llama_cpp as llama
 
+from diversed.admission import load_head
 from diversed.backends.llama_cpp import LlamaCppModel, default_threads
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
-from diversed.generation import load_head
 from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
@@ -117,7 +117,7 @@ def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: flo
     start = time.perf_counter()
     out = decode(pair.target, [prompt], draft=pair.draft, verification=Verification.parse(verification),
                  sampling=Sampling(temperature), draft_length=length, max_new_tokens=tokens,
-                 eos_token_ids=pair.eos_token_ids, weight_fn=head if verification == "diversed" else None, seed=seed)
+                 eos_token_ids=pair.eos_token_ids, head=head if verification == "diversed" else None, seed=seed)
     return out.stats[0], time.perf_counter() - start
 
 

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import torch
 
+from diversed.admission import load_head
 from diversed.backends import Model, Rows
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import summarize
-from diversed.decoding.schedule import expected_tokens_per_round
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.run import parse_verifications
-from diversed.generation import load_head
 from diversed.machine import describe
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import Pair, load_model, load_pair
@@ -190,7 +189,7 @@ def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling
     head = load_head(pair, verification.head) if verification.name == "diversed" else None
     out = decode(pair.target, prompts, draft=pair.draft, verification=verification, sampling=sampling,
                  draft_length=row.spec.length or DraftLength(), max_new_tokens=max_new_tokens,
-                 eos_token_ids=pair.eos_token_ids, weight_fn=head, seed=seed)
+                 eos_token_ids=pair.eos_token_ids, head=head, seed=seed)
     row.stats += out.stats
     row.wall_time += out.wall_time
     for phase, seconds in out.profile.items():
@@ -209,7 +208,7 @@ def _run_peer(pair: Pair, row: Row, prompt: list[int], sampling: Sampling, max_n
 def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float | None:
     """The speedup the speed model expects: per prompt, plain decoding costs a target prefill plus one step
     per token; speculative decoding costs both prefills plus tokens / tau rounds of N draft steps and one
-    verify pass, with tau = expected_tokens_per_round(measured per-position acceptance).
+    verify pass, with tau = 1 + sum_k prod_{i<=k} a_i over the measured per-position acceptance a.
     Only for our runs at a constant N without cut-off, at batch 1, with the measured draft and verify pass."""
     length = row.spec.length
     if (row.spec.peer or length is None or length.schedule != "constant" or length.confidence or row.spec.batch != 1
@@ -217,7 +216,8 @@ def predicted_speedup(row: Row, costs: dict[str, float], prompts: int) -> float 
         return None
     summary = row.summary
     tokens = summary["new_tokens"] / prompts
-    tau = expected_tokens_per_round([x or 0.0 for x in summary["per_position_acceptance"][: length.initial]])
+    acceptance = torch.tensor([x or 0.0 for x in summary["per_position_acceptance"][: length.initial]], dtype=float)
+    tau = float(1.0 + acceptance.cumprod(0).sum())
     plain = costs["target_prefill"] + tokens * costs["target_step"]
     rounds = tokens / tau
     speculative = (costs["target_prefill"] + costs["draft_prefill"]

@@ -1,6 +1,6 @@
 """Where relaxed verification loses its answers: the problems of a finished evaluation grouped by how many runs
 of the target's own distribution solved them, and each verification's accuracy in each group, with 95%
-intervals (diversed.evaluation.report.quality_by_reference_agreement).
+intervals (quality_by_reference_agreement).
 
 A verification that loses only on problems the target itself solves by luck (1 of 2 reference runs right)
 costs little; one that loses on problems the target always solves (2 of 2) changes answers the target is sure
@@ -14,10 +14,36 @@ third run of the target would score a little under 100% in the first, so compare
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
-from diversed.evaluation.report import quality_by_reference_agreement
+from diversed.evaluation.report import mean_interval
 from diversed.evaluation.run import RESULTS_FILE, load_done_rows
+
+
+def quality_by_reference_agreement(rows: Sequence[dict], verifications: Sequence[str],
+                                   reference: Sequence[str]) -> list[dict]:
+    """Where a verification loses its quality: the examples grouped by how many of the reference verifications
+    (runs of the target's own distribution, e.g. plain and exact) got reward 1 on them, from all down to none,
+    and each verification's mean reward in each group with a 95% interval (mean_interval), on the examples that
+    every verification and every reference ran. One dict per group: solved_by (k), examples, and
+    {verification: (mean, low, high) or None}.
+    The references score 1 and 0 in the outer groups by construction, as they define them."""
+    by_verification = {m: {r["example"]: r["reward"] for r in rows if r["verification"] == m} for m in dict.fromkeys(
+        [*reference, *verifications])}
+    missing = [m for m, rewards in by_verification.items() if not rewards]
+    if missing:
+        raise ValueError(f"no results for: {', '.join(missing)}")
+    shared = sorted(set.intersection(*(set(rewards) for rewards in by_verification.values())))
+    groups = []
+    for k in range(len(reference), -1, -1):
+        examples = [e for e in shared if sum(by_verification[m][e] == 1 for m in reference) == k]
+        quality = {}
+        for verification in verifications:
+            rewards = [by_verification[verification][e] for e in examples]
+            quality[verification] = (sum(rewards) / len(rewards), *mean_interval(rewards)) if rewards else None
+        groups.append({"solved_by": k, "examples": len(examples), "quality": quality})
+    return groups
 
 
 def main() -> None:

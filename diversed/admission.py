@@ -27,8 +27,8 @@ def admit(request: Request, pair: Pair, heads: Mapping[str | None, Head] | None 
     tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
     drafting = request.drafting or DEFAULT_DRAFTING[pair.backend]
     chat = request.chat
-    if chat is None:
-        chat = tokenizer.chat_template is not None
+    if chat is None:  # a conversation needs the template; a text uses it where the tokenizer has one
+        chat = any(isinstance(p, list) for p in request.prompts) or tokenizer.chat_template is not None
     if chat and tokenizer.chat_template is None:
         field = "chat" if request.chat else "prompt"
         raise RequestError(field, f"the tokenizer of {pair.target_name} has no chat template: the {{}} needs one "
@@ -102,9 +102,9 @@ def _head(request: Request, pair: Pair, heads: Mapping[str | None, Head] | None)
         return load_head(pair, verification.head)
     if verification.head not in heads:
         loaded = ", ".join(sorted(name for name in heads if name is not None)) or "none"
-        raise HeadNotFound("verification", f"{{}} {verification.label!r}: no head named {verification.head!r} is "
-                                           f"loaded (loaded: {loaded})" if verification.head is not None else
-                           f"{{}} {verification.label!r} needs a head, and none is loaded")
+        raise HeadNotFound("head", f"no {{}} named {verification.head!r} is loaded (loaded: {loaded})"
+                           if verification.head is not None else
+                           f"verification {verification.label!r} needs a {{}}, and none is loaded")
     return heads[verification.head]
 
 

@@ -73,7 +73,7 @@ _NON_NEGATIVE = Range(0.0)
 
 def _check_number(field: str, value, allowed: Range, what: str) -> None:
     """A real number (not a bool, not NaN) in its range."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or float(value) not in allowed:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value not in allowed:
         raise RequestError(field, f"{{}} must be {what}, got {_show(value)}")
 
 
@@ -180,7 +180,7 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, Range(0.0), "a number >= 0")
+        _check_number("temperature", self.temperature, Range(0.0), "a finite number >= 0")
         _check_integer("top_k", self.top_k, 0, " (0 = off)")
         _check_number("top_p", self.top_p, Range(0.0, 1.0, low_open=True), "a number in (0, 1]")
 

@@ -169,7 +169,7 @@ def test_dynamic_rule_gets_both_hidden_states_and_profile_splits_time(backend):
         return torch.full(h_draft.shape[:2], 0.5)
 
     out = decode(models["target"], PROMPTS, draft=models["close"], verification=Verification("dynamic"),
-                 weight_fn=weight_fn, sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8,
+                 head=weight_fn, sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8,
                  profile=True)
     assert seen[0] == ((4, 3, 64), (4, 3, 64))
     assert out.profile["draft"] > 0 and out.profile["head"] > 0
@@ -228,7 +228,7 @@ def test_hidden_states_on_change_no_row_of_the_logits(backend):
     greedy = dict(sampling=GREEDY, draft_length=3, max_new_tokens=16)
     exact = decode(target, PROMPTS, draft=models["close"], verification=Verification("exact"), **greedy)
     ones = decode(target, PROMPTS, draft=models["close"], verification=Verification("dynamic"),
-                  weight_fn=lambda h_draft, h_target: torch.ones(h_draft.shape[:2]), **greedy)
+                  head=lambda h_draft, h_target: torch.ones(h_draft.shape[:2]), **greedy)
     assert ones.tokens == exact.tokens
 
 
@@ -246,7 +246,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
     target, draft = models["target"], models["close"]
     traces = [Trace(target.hidden_size, target.device) for _ in PROMPTS]
     out = decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), sampling=Sampling(1.0),
-                 weight_fn=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
+                 head=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
                  max_new_tokens=11, eos_token_ids=[4], seed=2,
                  on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     assert any(t[-1] == 4 for t in out.tokens)

@@ -83,7 +83,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
         raise RuntimeError("broken head")
 
     batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
-    jobs = [job(PROMPTS[0], Verification("exact")), job(PROMPTS[1], Verification("diversed"), weight_fn=broken),
+    jobs = [job(PROMPTS[0], Verification("exact")), job(PROMPTS[1], Verification("diversed"), head=broken),
             job(PROMPTS[2], Verification("static", weight=0.5))]
     for j in jobs:
         batch.add(j)
@@ -93,7 +93,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
     assert jobs[0].tokens == alone(models, PROMPTS[0], Verification("exact"))
     assert jobs[2].tokens == alone(models, PROMPTS[2], Verification("static", weight=0.5))
     alone_batch = Batch(target, make_drafter("model", draft, capacity=1), draft_length=DraftLength(3), capacity=1)
-    alone_batch.add(job(PROMPTS[1], Verification("diversed"), weight_fn=broken))
+    alone_batch.add(job(PROMPTS[1], Verification("diversed"), head=broken))
     with pytest.raises(RuntimeError, match="broken head"):  # a batch of one policy raises, as decode() does
         alone_batch.step()
 
@@ -110,17 +110,14 @@ def test_a_policys_draft_cap_limits_its_rows_drafts_only(models):
     assert capped.tokens == alone(models, PROMPTS[0], Verification("exact"))
 
 
-def test_a_full_batch_and_an_unrunnable_job_are_refused(models):
-    target, draft = models
+def test_a_full_batch_is_refused(models):
+    """A job is admitted before it reaches a batch (diversed.admission; tests/test_one_request.py): a batch
+    refuses only what it has no room for."""
+    target, _ = models
     batch = Batch(target, None, capacity=1)
-    with pytest.raises(ValueError, match="needs a draft"):
-        batch.add(job(PROMPTS[0], Verification("exact")))
     batch.add(job(PROMPTS[0], Verification("plain")))
     with pytest.raises(RuntimeError, match="full"):
         batch.add(job(PROMPTS[1], Verification("plain")))
-    with pytest.raises(ValueError, match="context"):
-        one_row = Batch(target, make_drafter("model", draft, capacity=1), capacity=1)
-        one_row.add(job(PROMPTS[0], Verification("exact"), max_new_tokens=10_000))
 
 
 def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
@@ -135,7 +132,7 @@ def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     batch.step()
     drafting = jobs[0].stats
     assert drafting.drafted == 3 and drafting.accepted < 3  # an unrelated draft: rejected in the round
-    assert batch.n == 2  # one round shorter, as for this row alone (two kept-everything rows of 0 said +2)
+    assert batch.scheduler.n == 2  # one round shorter, as for this row alone (two kept-everything rows of 0 said +2)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

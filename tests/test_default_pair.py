@@ -253,8 +253,8 @@ def test_llama_cpp_hidden_states_are_what_the_head_was_trained_on(llama_pair):
     """The last hidden state llama.cpp returns is transformers' last_hidden_state (after the final norm) of
     the float32 model: close in direction (the GGUF's 4-bit blocks are dequantized the same way), and the
     packaged head gives nearly the same w on both."""
+    from diversed.admission import load_head
     from diversed.backends.hf import TransformersModel
-    from diversed.generation import load_head
     from diversed.text import encode_prompt
 
     ids = encode_prompt(llama_pair.tokenizer, "Write a Python function that reverses a string.")

@@ -199,13 +199,6 @@ def test_a_repeated_request_is_proposed_from_the_earlier_answer_in_the_shared_ca
     assert second.target_forwards < first.target_forwards / 3
 
 
-def test_the_head_is_refused_on_drafts_without_a_draft_model(models):
-    target, _ = models
-    job = Job([1, 2, 3], Policy(Verification("diversed"), GREEDY, weight_fn=lambda hd, ht: torch.ones(hd.shape[:2])))
-    with pytest.raises(ValueError, match="hidden states"):
-        Batch(target, make_drafter("lookup")).add(job)
-
-
 @pytest.mark.parametrize("drafter", ["lookup", "prediction", "auto"])
 def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
     """A head that reads the target alone needs no draft model: it verifies lookup's and a prediction's drafts,
@@ -213,12 +206,9 @@ def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
     target, _ = models
     head = build(HeadConfig(8, 64, kind="lenience-target", initial_lenience=0.5))
     plain = decode(target, PROMPTS[:2], verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
-    out = decode(target, PROMPTS[:2], drafter=drafter, verification=Verification("diversed"), weight_fn=head,
+    out = decode(target, PROMPTS[:2], drafter=drafter, verification=Verification("diversed"), head=head,
                  sampling=GREEDY, draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
-    assert all(s.drafted > 0 for s in out.stats)
-    with pytest.raises(ValueError, match="mixture head"):
-        decode(target, PROMPTS[:1], drafter=drafter, verification=Verification("diversed"),
-               weight_fn=lambda hd, ht: torch.ones(hd.shape[:2]), sampling=GREEDY, max_new_tokens=4)
+    assert all(s.drafted > 0 for s in out.stats)  # a mixture head is refused there: tests/test_one_request.py
 
 
 def test_a_row_that_allows_one_drafter_gets_drafts_from_it_only(models):

@@ -62,13 +62,13 @@ def test_every_verification_runs_on_every_example(complete, task):
 
 def test_verifications_share_each_examples_seed(pair, task, tmp_path, monkeypatch):
     seeds: dict[tuple, dict[str, int]] = {}
-    original = run.generate
+    original = run.run
 
-    def spy(*args, **kwargs):
-        seeds.setdefault(tuple(args[1]), {})[kwargs["verification"]] = kwargs["seed"]
-        return original(*args, **kwargs)
+    def spy(pair, request, **kwargs):
+        seeds.setdefault(request.prompts, {})[request.verification.label] = request.seed
+        return original(pair, request, **kwargs)
 
-    monkeypatch.setattr(run, "generate", spy)
+    monkeypatch.setattr(run, "run", spy)
     evaluate(pair, task, VERIFICATIONS, replace(CONFIG, limit=3), tmp_path, progress=False)
     assert len(seeds) == 3 and all(set(by_verification) == set(VERIFICATIONS) for by_verification in seeds.values())
     assert all(len(set(by_verification.values())) == 1 for by_verification in seeds.values())  # one seed an example
@@ -237,7 +237,7 @@ REFUSED = {  # what is wrong: (verifications, settings, the error's words)
     "a verification twice": ("exact,exact", {}, "twice"),
     "a head that is not there": ("diversed:{tmp}/no-head", {}, "no head checkpoint"),
     "limit 0": ("exact", {"limit": 0}, "limit must be at least 1"),
-    "max_new_tokens 0": ("exact", {"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
+    "max_new_tokens 0": ("exact", {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     "negative temperature": ("exact", {"temperature": -1.0}, "temperature"),
     "NaN temperature": ("exact", {"temperature": float("nan")}, "temperature"),
     "infinite temperature": ("exact", {"temperature": float("inf")}, "finite"),
@@ -536,12 +536,12 @@ def test_points_carry_the_intervals_of_quality_and_time_per_example():
 
 
 def test_quality_intervals_are_wilsons_for_pass_fail_and_normal_otherwise():
-    from diversed.evaluation.report import _interval
+    from diversed.evaluation.report import mean_interval
 
-    low, high = _interval([1.0] * 3 + [0.0] * 5)  # 3 of 8: Wilson's score interval, 95%
+    low, high = mean_interval([1.0] * 3 + [0.0] * 5)  # 3 of 8: Wilson's score interval, 95%
     assert (low, high) == (pytest.approx(0.1368, abs=1e-4), pytest.approx(0.6943, abs=1e-4))
-    assert _interval([0.0] * 8)[0] == 0.0 and _interval([1.0] * 8)[1] == 1.0
-    low, high = _interval([0.2, 0.4, 0.6])  # mean 0.4, standard error 0.2 / sqrt(3)
+    assert mean_interval([0.0] * 8)[0] == 0.0 and mean_interval([1.0] * 8)[1] == 1.0
+    low, high = mean_interval([0.2, 0.4, 0.6])  # mean 0.4, standard error 0.2 / sqrt(3)
     assert (low, high) == (pytest.approx(0.4 - 1.95996 * 0.11547, abs=1e-4), pytest.approx(0.4 + 0.22632, abs=1e-4))
 
 
@@ -561,7 +561,13 @@ def test_table_and_legend_names_tell_heads_with_the_same_folder_name_apart():
 
 
 def test_quality_is_grouped_by_how_many_reference_runs_solved_each_example():
-    from diversed.evaluation.report import quality_by_reference_agreement
+    """benchmarks/where_lost.py's grouping (a benchmark's helper, loaded from its file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("where_lost", Path(__file__).parents[1] / "benchmarks/where_lost.py")
+    where_lost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(where_lost)
+    quality_by_reference_agreement = where_lost.quality_by_reference_agreement
 
     rows = (synthetic_rows("plain", 0, [1, 1, 1, 0, 0, 0])
             + synthetic_rows("exact", 8, [1, 1, 0, 1, 0, 0])

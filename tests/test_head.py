@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from diversed.decoding.drafters import Proposal
 from diversed.decoding.policy import Groups, Policy
 from diversed.decoding.profile import PhaseClock
 from diversed.head.model import FEATURES, EnsembleHead, HeadConfig, LenienceHead, build, token_features
@@ -142,8 +143,8 @@ def test_the_target_only_head_verifies_copied_drafts_as_lossy_at_its_lenience(sh
 
     mine, same = policy(), policy()
     with torch.no_grad():
-        out = Groups([mine] * B).verify(drafts, q, p, torch.full((B,), N), None, h_target,
-                                        PhaseClock(torch.device("cpu")))
+        proposal = Proposal(drafts, torch.full((B,), N), q, None, 0, ["lookup"] * B)
+        out = Groups([mine] * B).verify(proposal, p, h_target, PhaseClock(torch.device("cpu")))
         lenience = head.lenience(drafts, q, p[:, :N], h_target[:, :N], shift)
     expected = verify("lossy", drafts, q, p, lenience=lenience, generator=Groups([same] * B).streams[id(same)][1])
     assert 0 < int(out.num_accepted.sum()) < B * N  # not vacuous

@@ -30,7 +30,7 @@ from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
 from diversed.decoding.schedule import CostMemory, stopwatch
 from diversed.decoding.scheduler import Scheduler
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import DraftLength, Sampling, Verification, renamed_keywords
 from diversed.verify import Verdict
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
@@ -54,6 +54,7 @@ class Generation:
         return summarize(self.stats, self.wall_time)
 
 
+@renamed_keywords(method="verification", weight_fn="head")
 @torch.inference_mode()
 def decode(
     target: Model | torch.nn.Module,
@@ -102,6 +103,9 @@ def decode(
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
     draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
+    if draft is not None and draft.vocab_size != target.vocab_size:  # the models' own mismatch, no request's
+        raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
+                         "logits)")
     if verification.name == "plain":
         drafter = None
     elif isinstance(drafter, str) or (drafter is None and draft is not None):

@@ -72,8 +72,8 @@ class Policy:
     drafter: str = "auto"
 
     def __post_init__(self) -> None:
-        dynamic = self.verification.rule == "dynamic" and self.head is not None
-        self.rule = head_rule(self.head) if dynamic else self.verification.rule
+        self.uses_head = self.verification.rule == "dynamic" and self.head is not None
+        self.rule = head_rule(self.head) if self.uses_head else self.verification.rule
 
     @property
     def drafts(self) -> bool:
@@ -83,7 +83,7 @@ class Policy:
     def reads_draft_hidden(self) -> bool:
         """Whether its head reads the draft model's hidden states (a mixture head: then only the draft model's
         drafts can be verified); a lenience head reads the target's alone."""
-        return self.head is not None and self.rule == "dynamic"
+        return self.uses_head and self.rule == "dynamic"
 
 
 class Groups:
@@ -152,7 +152,7 @@ class Groups:
             mine = slice(None) if len(self.groups) == 1 else torch.tensor(rows, device=p.device)
             try:
                 params = policy.verification.verify_params()
-                if policy.head is not None:
+                if policy.uses_head:
                     with clock.phase("head"):
                         params = _head_parameters(policy, drafts[mine], None if q is None else q[mine], p[mine, :n],
                                                   None if h_draft is None else h_draft[mine], h_target[mine, :n])

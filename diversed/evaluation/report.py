@@ -54,7 +54,7 @@ def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> lis
         if not mine:
             continue
         rewards, times = [r["reward"] for r in mine], [r["wall_time"] for r in mine]
-        low, high = _interval(rewards)
+        low, high = mean_interval(rewards)
         new_tokens = sum(r["new_tokens"] for r in mine)
         forwards = sum(r["target_forwards"] for r in mine)
         summaries.append({
@@ -81,31 +81,6 @@ def summarize_results(rows: Sequence[dict], verifications: Sequence[str]) -> lis
                         if others and verification not in others and set(others) <= by_verification.keys() else None)
             s[key], s[key + "_low"], s[key + "_high"] = compared or (None, None, None)
     return summaries
-
-
-def quality_by_reference_agreement(rows: Sequence[dict], verifications: Sequence[str],
-                                   reference: Sequence[str]) -> list[dict]:
-    """Where a verification loses its quality: the examples grouped by how many of the reference verifications
-    (runs of the target's own distribution, e.g. plain and exact) got reward 1 on them, from all down to none,
-    and each verification's mean reward in each group with a 95% interval (_interval), on the examples that
-    every verification and every reference ran. One dict per group: solved_by (k), examples, and
-    {verification: (mean, low, high) or None}.
-    The references score 1 and 0 in the outer groups by construction, as they define them."""
-    by_verification = {m: {r["example"]: r["reward"] for r in rows if r["verification"] == m} for m in dict.fromkeys(
-        [*reference, *verifications])}
-    missing = [m for m, rewards in by_verification.items() if not rewards]
-    if missing:
-        raise ValueError(f"no results for: {', '.join(missing)}")
-    shared = sorted(set.intersection(*(set(rewards) for rewards in by_verification.values())))
-    groups = []
-    for k in range(len(reference), -1, -1):
-        examples = [e for e in shared if sum(by_verification[m][e] == 1 for m in reference) == k]
-        quality = {}
-        for verification in verifications:
-            rewards = [by_verification[verification][e] for e in examples]
-            quality[verification] = (sum(rewards) / len(rewards), *_interval(rewards)) if rewards else None
-        groups.append({"solved_by": k, "examples": len(examples), "quality": quality})
-    return groups
 
 
 def compare(rows: Sequence[dict], verification: str, other: str) -> dict:
@@ -200,7 +175,7 @@ def _paired_bootstrap(by_verification: dict[str, dict], statistic) -> tuple[floa
     return estimate, values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]
 
 
-def _interval(values: list[float]) -> tuple[float, float]:
+def mean_interval(values: list[float]) -> tuple[float, float]:
     """95% interval of a mean: Wilson's score interval for 0/1 values (sensible at 0% and 100%, unlike the
     normal one), else the normal approximation."""
     if set(values) <= {0.0, 1.0}:

@@ -1,8 +1,8 @@
 """oneDNN linear layers: the matmuls of CPU decoding at close to memory speed.
 
 Decoding multiplies 1 to N+1 rows by every weight matrix. On the CPUs this project measured (torch with MKL),
-nn.Linear reaches about half the memory bandwidth for one row and gets much worse for 2-8 rows; oneDNN's
-kernels do not (the measurements: benchmarks/results/notes/cpu-linear-layers.md).
+nn.Linear falls well short of the memory bandwidth for one row and further for a few rows; oneDNN's kernels do
+not (the measurements: benchmarks/results/cpu-linear-layers.md).
 """
 
 from __future__ import annotations

@@ -128,10 +128,6 @@ class Server:
         if default.name == "diversed" and not self.heads:
             raise ValueError(f"--verification {config.verification}: no head fits this pair (the shipped heads fit "
                              "the built-in pair only): give one with --head NAME=DIR")
-        # A request's "diversed" that names no head gets the default one (or the only one loaded).
-        self.heads_by_name: dict[str | None, Head] = dict(self.heads)
-        if self.heads:
-            self.heads_by_name[None] = self.heads.get("default", next(iter(self.heads.values())))
         self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
         self.costs = CostMemory(costs_file()) if costs is None else costs
         self.metrics = Metrics()
@@ -160,10 +156,13 @@ class Server:
         """The decoding job of a call (diversed.admission.admit); BadRequest for what only the pair can tell
         (an unknown head, a prompt too long for the context, no draft model)."""
         try:
-            job, = admit(call.request, self.pair, self.heads_by_name)
+            # A "diversed" that names no head gets the default one (or the first loaded).
+            heads = {**self.heads, None: self.heads.get("default", next(iter(self.heads.values()), None))}
+            job, = admit(call.request, self.pair, heads)
+        except HeadNotFound as error:
+            raise BadRequest(error.message_for(call.head_field), call.head_field, "head_not_found") from None
         except RequestError as error:
-            code = "context_length_exceeded" if isinstance(error, ContextTooLong) else \
-                "head_not_found" if isinstance(error, HeadNotFound) else None
+            code = "context_length_exceeded" if isinstance(error, ContextTooLong) else None
             raise BadRequest(*request_error(error, call.chat), code) from None
         if not call.max_tokens_set and self.config.max_tokens is not None:  # the server's limit, within the room
             job.max_new_tokens = min(job.max_new_tokens, self.config.max_tokens)

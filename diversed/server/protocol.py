@@ -54,7 +54,7 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 class Call:
     """A completion request as the server runs it: the Request, and how to reply (the endpoint, streaming,
     usage in the stream, the model the client named). max_tokens_set: whether the body set a limit (else the
-    server's own may cap it)."""
+    server's own may cap it); head_field: the body field that named the head ("head" or "verification")."""
 
     request: Request
     chat: bool
@@ -62,6 +62,7 @@ class Call:
     include_usage: bool
     model: str | None
     max_tokens_set: bool
+    head_field: str = "verification"
 
 
 # Fields accepted only at the value that changes nothing (OpenAI's defaults): on both endpoints, then on one.
@@ -100,10 +101,11 @@ def parse_call(body, chat: bool, verification: Verification, drafting: DraftLeng
             raise BadRequest(f"{name} must be {what}, got {body[name]!r}", name)
     max_tokens = _given(body, "max_tokens", None if chat else 16)
     if chat and (completion_tokens := body.get("max_completion_tokens")) is not None:
-        if max_tokens not in (None, completion_tokens):
+        if max_tokens is None:
+            max_tokens = completion_tokens  # (each checked as the request's max_new_tokens)
+        elif max_tokens != completion_tokens and _integers(max_tokens, completion_tokens):
             raise BadRequest(f"max_tokens ({max_tokens}) and max_completion_tokens ({completion_tokens}) disagree: "
                              "send one", "max_completion_tokens")
-        max_tokens = completion_tokens
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
@@ -114,12 +116,25 @@ def parse_call(body, chat: bool, verification: Verification, drafting: DraftLeng
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    request = Request(_messages(body) if chat else _prompt(body), _verification(body, verification),
-                      Sampling(_given(body, "temperature", 1.0), _given(body, "top_k", 0), _given(body, "top_p", 1.0)),
-                      _given(body, "drafter", drafter), drafting, body.get("draft_length"), max_tokens,
-                      _given(body, "stop", ()), body.get("seed"), _prediction(body), _given(body, "provenance", False),
-                      chat)
-    return Call(request, chat, stream, include_usage, model, max_tokens is not None)
+    prompt = _messages(body) if chat else _prompt(body)
+    try:
+        request = Request((prompt,) if chat and isinstance(prompt, list) else prompt,
+                          _verification(body, verification),
+                          Sampling(_given(body, "temperature", 1.0), _given(body, "top_k", 0),
+                                   _given(body, "top_p", 1.0)),
+                          _given(body, "drafter", drafter), drafting, body.get("draft_length"), max_tokens,
+                          _given(body, "stop", ()), body.get("seed"), _prediction(body),
+                          _given(body, "provenance", False), chat)
+    except RequestError as error:
+        if error.field == "max_new_tokens" and body.get("max_tokens") is None and chat:  # sent under its new name
+            raise BadRequest(error.message_for("max_completion_tokens"), "max_completion_tokens") from error
+        raise
+    return Call(request, chat, stream, include_usage, model, max_tokens is not None,
+                "head" if body.get("head") is not None else "verification")
+
+
+def _integers(*values) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 def _given(body: dict, name: str, default):
@@ -151,7 +166,7 @@ def _messages(body: dict) -> list[dict]:
     """The chat messages as the request's conversation: "developer" is "system", content parts joined."""
     messages = body.get("messages")
     if not isinstance(messages, list):
-        return messages  # the request says what a conversation must be
+        raise BadRequest("messages must be a list of {role, content} objects", "messages")
     conversation = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):

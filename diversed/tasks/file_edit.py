@@ -13,7 +13,7 @@ Each file gets two requests (two examples), KINDS in turn, each about one functi
 - parameter: add a keyword parameter `verbose` with default False that prints the result when true;
 - document: add a docstring to it alone (type hints where it has a docstring already);
 - bug: a bug planted in it (a comparison, an arithmetic operator or an integer constant changed, one its
-  tests catch: the sites were found in the sandbox once, by `python -m diversed.tasks.file_edit`, and ship
+  tests catch: the sites were found in the sandbox once, by benchmarks/file_edit_bugs.py, and ship
   in data/file-edit/bugs.json); fix it.
 Reward: the file in the answer's code block passes every function's original tests in the sandbox (for a
 renamed function, its tests with the new name; for a planted bug, the original tests, which the bug fails),
@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import re
-import sys
 import tokenize
 from dataclasses import dataclass
 from functools import cache
@@ -397,25 +396,3 @@ def _parse(code: str) -> ast.Module:
 
 # Whole files come back: 6-8 functions, several with HumanEval's docstrings, can take 1,000 tokens and more.
 FILE_EDIT = Task("file-edit", "pass@1", examples, reward, stop=("\n```\n",), max_new_tokens=1536)
-
-
-def find_bugs(split: str) -> dict[str, int]:
-    """For every unit of a split: the first mutation site whose planted bug its own tests catch, where the
-    unmutated code passes them (run in the sandbox); units without one are left out."""
-    from tqdm import tqdm
-
-    found = {}
-    for unit in tqdm(units(split), desc=f"planting bugs ({split})"):
-        if not code_reward(unit.code, unit.tests, None):
-            continue
-        for index, site in enumerate(mutation_sites(unit.code, unit.function)):
-            if not code_reward(plant(unit.code, site), unit.tests, None, timeout_s=5):
-                found[unit.id] = index
-                break
-    return found
-
-
-if __name__ == "__main__":  # regenerate data/file-edit/bugs.json (then its manifest's sha256)
-    json.dump({split: find_bugs(split) for split in SPLITS}, sys.stdout, indent=0, sort_keys=True)
-    sys.stdout.write("\n")
-

@@ -106,8 +106,8 @@ class Drafter(Protocol):
 PRIOR = (1.0, 5.0)
 # A copy that has gone on for LONG_RUN tokens is its own kind of proposal, by how long (16-63, 64 and more),
 # whatever started it: a file sent back with one change is copied for hundreds of tokens. Such a kind starts
-# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py --long): the best geometric
-# mean speedup over the workloads among priors never below 0.99x plain on any of them.
+# from RUN_PRIOR, chosen by replay on training prompts (benchmarks/copy_replay.py --long; the rule and the runs:
+# benchmarks/results/whole-file-edits.md).
 LONG_RUN = 16
 RUN_PRIOR = (64.0, 1.0)
 
