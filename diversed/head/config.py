@@ -7,8 +7,10 @@ import math
 from dataclasses import dataclass
 
 from diversed.head.names import CONFIG_FILE, KINDS, head_folder
+from diversed.request import DRAFTER_CLASSES
 
-TRAINING_DRAFTERS = ("model", "lookup", "suffix", "prediction")
+# Whose drafts a head's rollouts verify: one drafter each (not "auto", whose choice follows the clock).
+TRAINING_DRAFTERS = tuple(DRAFTER_CLASSES)
 
 
 @dataclass
