@@ -38,7 +38,7 @@ from diversed.decoding.policy import Policy
 from diversed.machine import describe
 from diversed.models.loading import Pair, load_pair
 from diversed.models.quantize import Float16Linear
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
@@ -51,8 +51,7 @@ def run(pair: Pair, requests: list[tuple[list[int], Verification]], temperature:
     """Each request's (tokens, drafted, accepted), decoded `together` at a time (in order), after `traffic`
     (prompts decoded to the end first, on the same batch)."""
     capacity = max(together, len(traffic), 1)
-    draft_length = DraftLength(3)
-    batch = Batch(pair.target, make_drafter("model", pair.draft, capacity=capacity), draft_length=draft_length,
+    batch = Batch(pair.target, make_drafter("model", pair.draft, capacity=capacity), drafting=Drafting(3),
                   eos_token_ids=pair.eos_token_ids, capacity=capacity)
 
     def job(ids: list[int], verification: Verification, seed: int) -> Job:

@@ -96,7 +96,7 @@ def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float,
     repeat = "repeat" in extra
     cache = SuffixCache()
     options = dict(draft=pair.draft, drafter=drafter, cache=cache, verification=Verification.parse(verification),
-                   sampling=Sampling(temperature), draft_length=DEFAULT_DRAFTING[pair.backend],
+                   sampling=Sampling(temperature), drafting=DEFAULT_DRAFTING[pair.backend],
                    max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids,
                    predictions=[prediction] if "prediction" in extra else None)
     if repeat:

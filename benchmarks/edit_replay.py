@@ -91,7 +91,7 @@ def greedy_answer(target, pair, ids: list[int], prediction: list[int]) -> list[i
     """The engine's greedy answer with the file as prediction and the default drafting (`target`: the pair's,
     or a TimedModel of it)."""
     out = decode(target, [ids], drafter="auto", verification=Verification("exact"), sampling=Sampling(0.0),
-                 draft_length=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024, eos_token_ids=pair.eos_token_ids,
+                 drafting=DEFAULT_DRAFTING["llama.cpp"], max_new_tokens=1024, eos_token_ids=pair.eos_token_ids,
                  predictions=[prediction])
     return out.tokens[0]
 

@@ -16,7 +16,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from diversed.backends.hf import TransformersModel
 from diversed.decoding.engine import decode
 from diversed.head.model import EnsembleHead, HeadConfig
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 
 DEVICE = "cuda"
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16], [40]]
@@ -43,7 +43,7 @@ def checks() -> list[tuple[str, bool]]:
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=greedy, max_new_tokens=32).tokens
     results = []
     for n in (1, 3, 5):
-        spec = decode(target, PROMPTS, draft=draft, sampling=greedy, draft_length=DraftLength(n), max_new_tokens=32)
+        spec = decode(target, PROMPTS, draft=draft, sampling=greedy, drafting=Drafting(n), max_new_tokens=32)
         results.append((f"greedy exact == target alone, N={n}, batch 4", spec.tokens == plain))
     alone = [decode(target, [p], draft=draft, sampling=greedy, max_new_tokens=32).tokens[0] for p in PROMPTS]
     results.append(("batch == one by one", alone == plain))

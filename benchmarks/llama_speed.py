@@ -12,7 +12,7 @@ slow spell of a shared machine spreads over all of them.
   loaded with `use_extra_bufts = False` (no repacked weights, no AMX): the workaround for llama.cpp builds
   whose AMX kernels fault on virtualized CPUs, against which setup.sh's build is measured.
 - ours: `diversed.decode` on the llama.cpp backend, per --ours (verification@drafting[@quantization]; drafting N,
-  auto:N or default; quantization Q3_K_S or Q2_K for the draft requantized by llama.cpp, else its Q4_K_M).
+  speed:N or default; quantization Q3_K_S or Q2_K for the draft requantized by llama.cpp, else its Q4_K_M).
 - llama.cpp-spec: `llama-speculative-simple` (built from the llama.cpp source that the llama-cpp-python sdist
   vendors; benchmarks/results/notes/llama-speed.md has the commands) on the same GGUF pair, `--spec-type draft-simple`,
   at each --spec-n; it accepts a draft iff it equals the target's own sampled token, so at T = 1 its
@@ -44,7 +44,7 @@ from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
-from diversed.request import DEFAULT_DRAFTING, DraftLength, Sampling, Verification
+from diversed.request import DEFAULT_DRAFTING, Drafting, Sampling, Verification
 from diversed.tasks import get_task
 from diversed.text import encode_prompt
 
@@ -110,13 +110,13 @@ def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: flo
     verification, drafting = spec.split("@")[:2]
     if drafting == "default":
         length = DEFAULT_DRAFTING[pair.backend]
-    elif drafting.startswith("auto:"):
-        length = DraftLength(int(drafting[5:]), "auto", maximum=8)
+    elif drafting.partition(":")[0] in ("speed", "auto"):  # "auto:N", its name in older results' commands
+        length = Drafting(int(drafting.partition(":")[2]), "speed", maximum=8)
     else:
-        length = DraftLength(int(drafting)) if drafting != "-" else DraftLength(1)
+        length = Drafting(int(drafting)) if drafting != "-" else Drafting(1)
     start = time.perf_counter()
     out = decode(pair.target, [prompt], draft=pair.draft, verification=Verification.parse(verification),
-                 sampling=Sampling(temperature), draft_length=length, max_new_tokens=tokens,
+                 sampling=Sampling(temperature), drafting=length, max_new_tokens=tokens,
                  eos_token_ids=pair.eos_token_ids, head=head if verification == "diversed" else None, seed=seed)
     return out.stats[0], time.perf_counter() - start
 
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--gsm8k", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--ours", nargs="+", default=list(OURS), help="verification@drafting: N, auto:N, default or -")
+    parser.add_argument("--ours", nargs="+", default=list(OURS), help="verification@drafting: N, speed:N, default or -")
     parser.add_argument("--speculative-simple", help="path of llama.cpp's llama-speculative-simple")
     parser.add_argument("--spec-n", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--transformers", nargs="*", default=["plain@-", "exact@default"])

@@ -41,7 +41,7 @@ from diversed.machine import describe
 from diversed.models.default_pair import prepare_default_pair
 from diversed.models.loading import Pair, load_model, load_pair
 from diversed.models.options import DTYPE_NAMES
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 from diversed.tasks.humaneval import chat_prompt, load_humaneval
 from diversed.text import encode_prompt
 
@@ -53,7 +53,7 @@ class Spec:
     the models it runs on."""
 
     verification: str
-    length: DraftLength | None
+    length: Drafting | None
     batch: int = 1
     draft_vocab: int | None = None  # the draft scores only its K most frequent tokens (diversed.models.vocab)
     dtype: str = "float16"
@@ -188,7 +188,7 @@ def _run_ours(pair: Pair, row: Row, prompts: list[list[int]], sampling: Sampling
     # A head is tiny: reloading it costs about 1 ms.
     head = load_head(pair, verification.head) if verification.name == "diversed" else None
     out = decode(pair.target, prompts, draft=pair.draft, verification=verification, sampling=sampling,
-                 draft_length=row.spec.length or DraftLength(), max_new_tokens=max_new_tokens,
+                 drafting=row.spec.length or Drafting(), max_new_tokens=max_new_tokens,
                  eos_token_ids=pair.eos_token_ids, head=head, seed=seed)
     row.stats += out.stats
     row.wall_time += out.wall_time
@@ -249,13 +249,13 @@ def _cell(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def drafting(text: str) -> DraftLength:
+def drafting(text: str) -> Drafting:
     """A drafting from the command line: "N" (N every round), "N/C" (N, a sequence stopping once a draft's
     probability is below C) or "auto:N" (the auto schedule from N)."""
     schedule, _, rest = text.rpartition(":")
     length, _, confidence = rest.partition("/")
     try:
-        return DraftLength(int(length), schedule or "constant", confidence=float(confidence or 0))
+        return Drafting(int(length), schedule or "constant", confidence=float(confidence or 0))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"not a drafting (N, N/C or auto:N): {text!r} ({error})") from None
 
@@ -273,7 +273,7 @@ def main() -> None:
                         help="HumanEval split: test (held out, for tables) or train (for choosing settings)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--draftings", type=drafting, nargs="+", default=[DraftLength(3), DraftLength(5)],
+    parser.add_argument("--draftings", type=drafting, nargs="+", default=[Drafting(3), Drafting(5)],
                         help="run exact with each: N, N/C (cut-off C) or auto:N (default: 3 5)")
     parser.add_argument("--main", type=drafting,
                         help="the drafting of the static, DIVERSED and batch rows (default: the first of --draftings)")
@@ -334,7 +334,7 @@ def main() -> None:
     peers = ["hf-exact"] + [f"hf-static:{w}" for w in args.weights] if args.peers is None else args.peers
     if not all(p.startswith("hf-") for p in peers):
         parser.error(f"--peers takes hf-exact, hf-static:W and hf-default, got {peers}")
-    specs += [Spec(p, None if p == "hf-default" else DraftLength(args.draftings[0].initial))
+    specs += [Spec(p, None if p == "hf-default" else Drafting(args.draftings[0].initial))
               for p in (parse_verifications(peers) if peers else [])]
     specs = [replace(spec, dtype=dtype) for spec in specs for dtype in args.dtypes]
     for temperature in args.temperatures:

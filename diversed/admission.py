@@ -14,7 +14,7 @@ from diversed.decoding.engine import Job
 from diversed.decoding.policy import Head, Policy, head_rule
 from diversed.head.model import EnsembleHead
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, ContextTooLong, DraftLength, HeadNotFound, Request, RequestError
+from diversed.request import DEFAULT_DRAFTING, ContextTooLong, Drafting, HeadNotFound, Request, RequestError
 from diversed.text import encode_prompt, stop_checker
 
 
@@ -76,7 +76,7 @@ def admit(request: Request, pair: Pair, heads: Mapping[str | None, Head] | None 
     return jobs
 
 
-def context_room(pair: Pair, prompt_length: int, drafting: DraftLength) -> int:
+def context_room(pair: Pair, prompt_length: int, drafting: Drafting) -> int:
     """The most new tokens a prompt may have: what the models' context leaves after it and a round of drafts."""
     contexts = [m.context_length for m in (pair.target, pair.draft) if m is not None and m.context_length]
     return (min(contexts) if contexts else 2**31) - prompt_length - drafting.longest - 1

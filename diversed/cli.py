@@ -14,7 +14,15 @@ from pathlib import Path
 from diversed.head.config import TRAINING_DRAFTERS, TrainConfig
 from diversed.head.names import ARCHITECTURES, DEFAULT_HEAD, KINDS, PRETRAINED_HEADS, head_folder
 from diversed.models.options import BACKENDS, DTYPE_NAMES, QUANTIZATIONS
-from diversed.request import DEFAULT_DRAFTING, DRAFTERS, RULE_SPECS, SCHEDULES, DraftLength, RequestError
+from diversed.request import (
+    DEFAULT_DRAFTING,
+    DRAFTERS,
+    RENAMED_SCHEDULES,
+    RULE_SPECS,
+    SCHEDULES,
+    Drafting,
+    RequestError,
+)
 
 TASK_HELP = ("gsm8k, gsm8k-plain, mbpp, mbpp-sanitized, mbpp-edit, mbpp-edit-2turn, file-edit, humaneval, "
              "humaneval-plus (offline), cnn_dailymail, xsum (online) or jsonl:PATH")
@@ -133,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--draft-confidence", type=float, default=0.0,
                     help="stop drafting below this draft probability (default 0: a constant draft length, so that "
                          "acceptance rates compare across verifications)")
-    ev.add_argument("--draft-schedule", default="constant", metavar="|".join(SCHEDULES),
-                    help="constant (default), heuristic, or auto (the speed model; --draft-length is then the longest)")
+    ev.add_argument("--draft-schedule", default="constant", metavar="|".join(SCHEDULES), type=_schedule,
+                    help="constant (default), heuristic, or speed (the speed model; --draft-length is then the "
+                         "longest)")
     ev.add_argument("--drafter", default="model", metavar="|".join(DRAFTERS),
                     help="what drafts: model (default, the draft model), lookup, suffix or auto (see generate)")
     ev.add_argument("--prediction", action="store_true",
@@ -228,12 +237,20 @@ def _add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-length", type=int,
                         help="drafted tokens per round N (the first round's N of the other schedules)")
     _old_spelling(parser, "--draft-len", "--draft-length", type=int)
-    parser.add_argument("--draft-schedule", metavar="|".join(SCHEDULES),
-                        help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); auto (each "
+    parser.add_argument("--draft-schedule", metavar="|".join(SCHEDULES), type=_schedule,
+                        help="constant N; heuristic (+2 after a fully kept round, -1 after a rejection); speed (each "
                              "round the N, 0 = the target alone, that the speed model predicts fastest, from "
                              "measured costs and running acceptance)")
     parser.add_argument("--draft-confidence", type=float,
                         help="stop drafting once a drafted token's probability is below this (0 = off)")
+
+
+def _schedule(name: str) -> str:
+    """--draft-schedule's value, an old spelling said in the new one with a warning (Drafting checks it)."""
+    if name in RENAMED_SCHEDULES:
+        print(f"diversed: warning: --draft-schedule {name} is now {RENAMED_SCHEDULES[name]}; {name} stops working in "
+              "the next release", file=sys.stderr)
+    return RENAMED_SCHEDULES.get(name, name)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -349,13 +366,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drafting(args: argparse.Namespace, default: DraftLength) -> DraftLength:
+def _drafting(args: argparse.Namespace, default: Drafting) -> Drafting:
     """The backend's default drafting with what the user set of it replaced (--draft-length alone: the constant
     schedule, up to N a round: the confidence cut-off stays unless --draft-confidence changes it)."""
     schedule = args.draft_schedule or ("constant" if args.draft_length is not None else default.schedule)
     if schedule != default.schedule:
-        default = DraftLength(DraftLength.initial, schedule, confidence=default.confidence)
-    return DraftLength(default.initial if args.draft_length is None else args.draft_length, schedule, default.maximum,
+        default = Drafting(Drafting.initial, schedule, confidence=default.confidence)
+    return Drafting(default.initial if args.draft_length is None else args.draft_length, schedule, default.maximum,
                        default.confidence if args.draft_confidence is None else args.draft_confidence)
 
 
@@ -405,7 +422,7 @@ def _eval(args: argparse.Namespace) -> int:
     _init_distributed(args)
     pair = _load(args)
     config = replace(config, draft_model=pair.draft_name, target_model=pair.target_name)
-    costs = CostMemory(costs_file())  # what earlier runs measured, for the auto schedule
+    costs = CostMemory(costs_file())  # what earlier runs measured, for the speed schedule
     try:
         summaries = evaluate(pair, task, verifications, config, args.out, resume=args.resume, costs=costs)
     finally:

@@ -12,7 +12,7 @@ from diversed.decoding.policy import Head
 from diversed.decoding.provenance import records
 from diversed.decoding.schedule import CostMemory
 from diversed.models.loading import Pair
-from diversed.request import DEFAULT_DRAFTING, DraftLength, Request, Verification, renamed_keywords
+from diversed.request import DEFAULT_DRAFTING, Drafting, Request, Verification, renamed_keywords
 from diversed.text import StreamedText, TokenTexts, cut_at_stop
 
 
@@ -45,7 +45,8 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    draft_length: int | DraftLength | None = None,
+    draft_length: int | None = None,
+    drafting: Drafting | None = None,
     max_new_tokens: int | None = None,
     stop: str | Sequence[str] = (),
     chat: bool | None = None,
@@ -67,10 +68,11 @@ def generate(
     overrides the head of a "diversed" verification (or drives "dynamic").
 
     drafter: what proposes the drafts (diversed.decoding.drafters): "auto" (each round the fastest of copying
-    from the text so far and earlier outputs, the draft model, or none, under the auto schedule), "model",
+    from the text so far and earlier outputs, the draft model, or none, under the speed schedule), "model",
     "lookup" (prompt lookup), "suffix" (a suffix cache shared by the batches of this call, or `cache`) or
     "prediction" (the request's prediction only).
-    draft_length: N drafts a round, a DraftLength, or None for the backend's default (DEFAULT_DRAFTING).
+    draft_length: N drafts a round; drafting: a Drafting (a schedule, a cut-off); neither: the backend's
+    default (DEFAULT_DRAFTING).
     chat: wrap each prompt in the tokenizer's chat template (None: whenever the tokenizer has one).
     max_new_tokens: at most so many new tokens; None: until the end of the answer (EOS or a stop string), or
     as many as the models' context leaves after the prompt, as llama.cpp and OpenAI do.
@@ -86,11 +88,11 @@ def generate(
     provenance: each Completion's `provenance` says how each new token was made: drafted and kept (by which
     drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
     alone, with the probabilities behind it (diversed.decoding.provenance).
-    costs: the auto schedule's measured costs to start from and add to (CostMemory; None: this call's own).
+    costs: the speed schedule's measured costs to start from and add to (CostMemory; None: this call's own).
     """
     request = Request.of(prompts, verification=verification, drafter=drafter, temperature=temperature, top_k=top_k,
-                         top_p=top_p, draft_length=draft_length, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
-                         prediction=prediction, provenance=provenance, chat=chat, system=system,
+                         top_p=top_p, draft_length=draft_length, drafting=drafting, max_new_tokens=max_new_tokens,
+                         stop=stop, seed=seed, prediction=prediction, provenance=provenance, chat=chat, system=system,
                          batch_size=batch_size)
     heads = None if head is None else {request.verification.head: head}
     return run(pair, request, heads=heads, profile=profile, on_text=on_text, on_tokens=on_tokens, cache=cache,
@@ -121,7 +123,7 @@ def run(pair: Pair, request: Request, *, heads: Mapping[str | None, Head] | None
         drafter = None if request.verification.name == "plain" else \
             make_drafter(request.drafter, pair.draft, capacity=len(batch_jobs), confidence=drafting.confidence,
                          cache=cache)
-        batch = Batch(pair.target, drafter, draft_length=drafting, eos_token_ids=pair.eos_token_ids,
+        batch = Batch(pair.target, drafter, drafting=drafting, eos_token_ids=pair.eos_token_ids,
                       capacity=len(batch_jobs), profile=profile, costs=costs)
         for job in batch_jobs:
             job.on_tokens = None if on_text is None and on_tokens is None else stream

@@ -1,7 +1,9 @@
-"""What a user asks of a generation, checked once at the edge that received it: the verification (a rule
-with all its parameters, a trained head with its dial, or the target alone), the drafter and the drafting.
-It imports no torch, so the command line and the server refuse a bad request before anything heavy loads,
-with an error that names what was wrong.
+"""What a user asks of a generation, in one home: the Request, which every edge (generate()'s arguments, the
+command line, an HTTP body, an evaluation's settings, the vLLM plugin) translates its own words into, and which
+checks each of its fields in one function: the verification (a rule with all its parameters, a trained head
+with its dial, or the target alone), the sampling, the drafter and the drafting, the length, stop strings,
+seed, prediction and provenance. It imports no torch, so the command line and the server refuse a bad request
+before anything heavy loads, with an error that names what was wrong.
 
 Every rule is named here once, with its parameters and their ranges (RULE_SPECS); diversed.verify gives each
 one its math under the same name.
@@ -199,7 +201,9 @@ RENAMED_VERIFICATIONS = {"auto": "plain"}
 DRAFTER_CLASSES = {"prediction": "prediction.PredictionDrafter", "lookup": "lookup.LookupDrafter",
                    "suffix": "suffix.SuffixDrafter", "model": "model.ModelDrafter"}
 DRAFTERS = ("auto", *DRAFTER_CLASSES)
-SCHEDULES = ("constant", "heuristic", "auto")
+# How the draft length changes between rounds (Drafting). "speed" was "auto", the drafter's name for its own choice.
+SCHEDULES = ("constant", "heuristic", "speed")
+RENAMED_SCHEDULES = {"auto": "speed"}
 
 
 # The parameter each verification's compact "name:value" form sets: its rule's first.
@@ -362,15 +366,16 @@ def _head_and_shift(value: str) -> tuple[str | None, float | None]:
 
 
 @dataclass(frozen=True)
-class DraftLength:
-    """The draft length N and how it changes between rounds.
+class Drafting:
+    """How many tokens each round drafts: the draft length N (`initial`) and its schedule (a request's
+    `drafting`; a bare N, `draft_length`, is Drafting(N)).
 
     constant: N every round. heuristic (transformers' schedule): +2 after a round in which the drafts were
     all kept, -1 (not below 1) otherwise; in a batch, a round counts as fully kept when at least half of the
-    sequences kept all their drafts, since the batch shares one N. auto: each round, the N in
+    sequences kept all their drafts, since the batch shares one N. speed: each round, the N in
     [1, maximum] that the speed model predicts to give the most tokens per second, from this run's measured
     draft step and verify pass times and its running acceptance (see SpeedModel); N is the first round's.
-    The auto schedule may also choose N = 0, a step of the target alone, whose token follows the target's
+    The speed schedule may also choose N = 0, a step of the target alone, whose token follows the target's
     p whatever the rule (as a bonus token does).
     confidence: a sequence stops drafting in a round once its drafted token had draft probability below
     this (the token itself is still proposed); 0 disables it.
@@ -387,11 +392,14 @@ class DraftLength:
         _check_number("draft_confidence", self.confidence, Range(0.0, 1.0, high_open=True), "a number in [0, 1)")
         if self.schedule != "constant" and self.initial > self.maximum:
             raise RequestError("draft_length", f"{{}} must be in [1, {self.maximum}], got {self.initial}")
+        if self.schedule in RENAMED_SCHEDULES:
+            warn_renamed(f"draft schedule {self.schedule!r}", repr(RENAMED_SCHEDULES[self.schedule]), stacklevel=5)
+            object.__setattr__(self, "schedule", RENAMED_SCHEDULES[self.schedule])
         if self.schedule not in SCHEDULES:
             raise RequestError("draft_schedule", f"{{}} must be one of {SCHEDULES}, got {self.schedule!r}")
 
     def __str__(self) -> str:
-        """"5", "20, cut-off 0.4", "auto from 5": for tables and headers."""
+        """"5", "20, cut-off 0.4", "speed from 5": for tables and headers."""
         length = str(self.initial) if self.schedule == "constant" else f"{self.schedule} from {self.initial}"
         return length + (f", cut-off {self.confidence}" if self.confidence else "")
 
@@ -413,8 +421,8 @@ class DraftLength:
 # T = 0 and T = 1. llama.cpp on a CPU: the speed model chooses each round from measured costs, the target
 # alone included; up to 64 drafts, since a long copy (a file returned with one change) is kept for dozens of
 # tokens and a pass over 64 tokens costs a few over one.
-DEFAULT_DRAFTING = {"transformers": DraftLength(20, confidence=0.4),
-                    "llama.cpp": DraftLength(2, "auto", maximum=64, confidence=0.4)}
+DEFAULT_DRAFTING = {"transformers": Drafting(20, confidence=0.4),
+                    "llama.cpp": Drafting(2, "speed", maximum=64, confidence=0.4)}
 
 
 @dataclass(frozen=True)
@@ -422,7 +430,7 @@ class Request:
     """Everything a user asks of one generation, complete and checked: each edge (generate()'s arguments, the
     command line, an HTTP body, an evaluation's settings, the vLLM plugin) only translates its own words into
     one, and everything below trusts it. Each field is checked by one function, whichever edge it came from:
-    its own type's (Verification, Sampling, DraftLength) or the one named for it below. What needs the loaded
+    its own type's (Verification, Sampling, Drafting) or the one named for it below. What needs the loaded
     models (a head, the context, a draft model) is checked when the request is admitted
     (diversed.admission.admit).
 
@@ -439,7 +447,7 @@ class Request:
     verification: Verification = Verification()
     sampling: Sampling = Sampling()
     drafter: str = "auto"
-    drafting: DraftLength | None = None
+    drafting: Drafting | None = None
     max_drafts: int | None = None
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -457,7 +465,7 @@ class Request:
         canonical("prompts", _prompts(self.prompts))
         if not isinstance(self.verification, Verification):
             canonical("verification", Verification.parse(self.verification))
-        for name, kind in (("sampling", Sampling), ("drafting", DraftLength)):
+        for name, kind in (("sampling", Sampling), ("drafting", Drafting)):
             if not isinstance(getattr(self, name), kind | None) or (name == "sampling" and self.sampling is None):
                 raise RequestError(name, f"{{}} must be a {kind.__name__}, got {_show(getattr(self, name))}")
         if self.drafter not in DRAFTERS:
@@ -478,19 +486,26 @@ class Request:
     @classmethod
     def of(cls, prompts: str | Sequence[str | list[dict]], *, verification: str | Verification = "exact",
            drafter: str = "auto", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           draft_length: int | DraftLength | None = None, max_drafts: int | None = None,
+           draft_length: int | None = None, drafting: Drafting | None = None, max_drafts: int | None = None,
            max_new_tokens: int | None = None, stop: str | Sequence[str] = (), seed: int | None = 0,
            prediction: str | Sequence[str | None] | None = None, provenance: bool = False,
            chat: bool | None = None, system: str | None = None, batch_size: int = 1) -> Request:
-        """generate()'s words: a prompt or a list of them, a verification's spelling, the sampling numbers,
-        draft_length as N (a constant N a round) or a DraftLength, one prediction for every prompt or one each."""
-        if isinstance(draft_length, int) and not isinstance(draft_length, bool):
-            draft_length = DraftLength(draft_length)
-        elif draft_length is not None and not isinstance(draft_length, DraftLength):
-            raise RequestError("draft_length", f"{{}} must be a number of drafts, a DraftLength or None, got "
-                                               f"{_show(draft_length)}")
-        return cls(prompts, verification, Sampling(temperature, top_k, top_p), drafter, draft_length, max_drafts,
+        """generate()'s words: a prompt or a list of them, a verification's spelling, the sampling numbers, the
+        drafting as N drafts a round (draft_length) or a Drafting, one prediction for every prompt or one each."""
+        return cls(prompts, verification, Sampling(temperature, top_k, top_p), drafter,
+                   as_drafting(draft_length, drafting), max_drafts,
                    max_new_tokens, stop, seed, prediction, provenance, chat, system, batch_size)
+
+
+def as_drafting(draft_length: int | Drafting | None, drafting: Drafting | None = None) -> Drafting | None:
+    """The drafting of N drafts a round (draft_length: Drafting(N)) or `drafting`, whichever is given (None:
+    neither). A Drafting passed as draft_length, its name until this release, works with a warning."""
+    if isinstance(draft_length, Drafting):
+        warn_renamed("draft_length=Drafting(...)", "drafting=Drafting(...)", stacklevel=4)
+        draft_length, drafting = None, draft_length if drafting is None else drafting
+    if draft_length is not None and drafting is not None:
+        raise RequestError("draft_length", "give {} (N drafts a round) or drafting (a Drafting), not both")
+    return drafting if draft_length is None else Drafting(draft_length)
 
 
 def _prompts(prompts) -> tuple[str | list[dict], ...]:
@@ -586,3 +601,11 @@ def _check_conversation(field: str, name: str, messages: list) -> None:
 def _show(value) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def __getattr__(name: str):
+    """Drafting's name until this release, DraftLength, for one release more, with a warning."""
+    if name == "DraftLength":
+        warn_renamed("diversed.request.DraftLength", "diversed.request.Drafting")
+        return Drafting
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ import uvicorn
 
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.loading import Pair
-from diversed.request import DraftLength
+from diversed.request import Drafting
 from diversed.server import ServerConfig, create_app
 
 from tiny import WORDS, perturbed, tiny_model, word_tokenizer
@@ -19,7 +19,7 @@ from tiny import WORDS, perturbed, tiny_model, word_tokenizer
 CHAT_TEMPLATE = ("{% for m in messages %}{% if loop.first and m['role'] == 'assistant' %}"
                  "{{ raise_exception('a conversation starts with a user or system turn') }}{% endif %}"
                  "t{{ 2 + (m['role'] == 'user') }} {{ m['content'] }} {% endfor %}t4")
-DRAFTING = DraftLength(3)
+DRAFTING = Drafting(3)
 
 
 def tiny_chat_pair() -> Pair:
@@ -66,7 +66,7 @@ def serving(pair: Pair, delay: float = 0.0, **options):
     if delay:
         pair = Pair(_Slow(pair.draft, delay), _Slow(pair.target, delay), pair.tokenizer, pair.draft_name,
                     pair.target_name)
-    app = create_app(pair, ServerConfig(**{"draft_length": DRAFTING, **options}))
+    app = create_app(pair, ServerConfig(**{"drafting": DRAFTING, **options}))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

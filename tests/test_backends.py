@@ -18,7 +18,7 @@ from diversed.decoding.profile import PHASES
 from diversed.models.loading import load_pair
 from diversed.models.options import QUANTIZATIONS
 from diversed.models.quantize import quantize_linears
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 
 from tiny import perturbed, tiny_gguf, tiny_model
 
@@ -96,7 +96,7 @@ def test_jobs_joining_a_running_batch_write_what_they_write_alone(backend):
     target, draft = models["target"], models["close"]
     verifications = [Verification("exact"), Verification("static", weight=0.5), Verification("plain"),
                      Verification("lossy", lenience=0.5)]
-    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), drafting=Drafting(3), capacity=3)
     jobs = [Job(prompt, Policy(verification, GREEDY), max_new_tokens=10 + 4 * i)
             for i, (prompt, verification) in enumerate(zip(PROMPTS, verifications, strict=True))]
     waiting, rounds = list(jobs), 0
@@ -169,7 +169,7 @@ def test_dynamic_rule_gets_both_hidden_states_and_profile_splits_time(backend):
         return torch.full(h_draft.shape[:2], 0.5)
 
     out = decode(models["target"], PROMPTS, draft=models["close"], verification=Verification("dynamic"),
-                 head=weight_fn, sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8,
+                 head=weight_fn, sampling=Sampling(1.0), drafting=Drafting(3), max_new_tokens=8,
                  profile=True)
     assert seen[0] == ((4, 3, 64), (4, 3, 64))
     assert out.profile["draft"] > 0 and out.profile["head"] > 0
@@ -246,7 +246,7 @@ def test_a_trace_keeps_what_a_teacher_forced_pass_gives(backend):
     target, draft = models["target"], models["close"]
     traces = [Trace(target.hidden_size, target.device) for _ in PROMPTS]
     out = decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), sampling=Sampling(1.0),
-                 head=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), draft_length=DraftLength(3),
+                 head=lambda h_d, h_t: torch.full(h_d.shape[:2], 0.3), drafting=Drafting(3),
                  max_new_tokens=11, eos_token_ids=[4], seed=2,
                  on_round=lambda i, result, row, count: traces[i].add(result, row, count))
     assert any(t[-1] == 4 for t in out.tokens)

@@ -18,7 +18,7 @@ from diversed.evaluation.run import EvalConfig, parse_verifications
 from diversed.head.config import TrainConfig
 from diversed.head.model import EnsembleHead, HeadConfig
 from diversed.models.options import check_load_options
-from diversed.request import DraftLength, Request, Sampling, Verification
+from diversed.request import Drafting, Request, Sampling, Verification
 from diversed.tasks import get_task
 
 from tiny import save_tiny_pair, tiny_gguf, tiny_model, word_tokenizer
@@ -327,9 +327,9 @@ API = [
     (lambda: Verification.parse("static:0.7@+1"), "cannot read verification"),
     (lambda: Sampling(temperature=math.inf), "temperature"),
     (lambda: Sampling(top_p=1.5), "top_p"),
-    (lambda: DraftLength(0), "draft_length"),
-    (lambda: DraftLength(3, "banana"), "schedule"),
-    (lambda: DraftLength(3, confidence=math.nan), "confidence"),
+    (lambda: Drafting(0), "draft_length"),
+    (lambda: Drafting(3, "banana"), "schedule"),
+    (lambda: Drafting(3, confidence=math.nan), "confidence"),
     (lambda: check_load_options("a", None), "name both"),
     (lambda: check_load_options(None, None, backend="banana"), "backend must be one of"),
     (lambda: check_load_options(None, None, dtype="float8"), "dtype"),

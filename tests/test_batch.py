@@ -11,7 +11,7 @@ from diversed.decoding.drafters import make_drafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.models.quantize import quantize_linears
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
@@ -27,9 +27,9 @@ def models():
     return as_model(target), as_model(perturbed(target, 0.05, 1))
 
 
-def alone(models, prompt, verification, max_new_tokens=20, draft_length=DraftLength(3)) -> list[int]:
+def alone(models, prompt, verification, max_new_tokens=20, drafting=Drafting(3)) -> list[int]:
     target, draft = models
-    return decode(target, [prompt], draft=draft, verification=verification, sampling=GREEDY, draft_length=draft_length,
+    return decode(target, [prompt], draft=draft, verification=verification, sampling=GREEDY, drafting=drafting,
                   max_new_tokens=max_new_tokens).tokens[0]
 
 
@@ -39,7 +39,7 @@ def job(prompt, verification, max_new_tokens=20, **policy) -> Job:
 
 def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write_alone(models):
     target, draft = models
-    batch = Batch(target, make_drafter("model", draft, capacity=4), draft_length=DraftLength(3), capacity=4)
+    batch = Batch(target, make_drafter("model", draft, capacity=4), drafting=Drafting(3), capacity=4)
     jobs = [job(p, m, max_new_tokens=12 + 3 * i) for i, (p, m) in enumerate(zip(PROMPTS, VERIFICATIONS, strict=True))]
     waiting, rounds = list(jobs), 0
     while waiting or batch.jobs:
@@ -53,7 +53,7 @@ def test_jobs_joining_a_running_batch_with_their_own_rules_write_what_they_write
 
 def test_a_cancelled_job_leaves_and_the_others_are_unchanged(models):
     target, draft = models
-    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), drafting=Drafting(3), capacity=3)
     jobs = [job(p, Verification("static", weight=0.6), max_new_tokens=30) for p in PROMPTS[:3]]
     for j in jobs:
         batch.add(j)
@@ -71,7 +71,7 @@ def test_streamed_tokens_join_into_the_jobs_tokens(models):
     target, draft = models
     seen: dict[int, list[int]] = {0: [], 1: []}
     out = decode(target, PROMPTS[:2], draft=draft, verification=Verification("exact"), sampling=Sampling(1.0),
-                 draft_length=DraftLength(4), max_new_tokens=25, seed=3,
+                 drafting=Drafting(4), max_new_tokens=25, seed=3,
                  on_tokens=lambda i, new: seen[i].extend(new))
     assert [seen[0], seen[1]] == out.tokens
 
@@ -82,7 +82,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
     def broken(h_draft, h_target):
         raise RuntimeError("broken head")
 
-    batch = Batch(target, make_drafter("model", draft, capacity=3), draft_length=DraftLength(3), capacity=3)
+    batch = Batch(target, make_drafter("model", draft, capacity=3), drafting=Drafting(3), capacity=3)
     jobs = [job(PROMPTS[0], Verification("exact")), job(PROMPTS[1], Verification("diversed"), head=broken),
             job(PROMPTS[2], Verification("static", weight=0.5))]
     for j in jobs:
@@ -92,7 +92,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
     assert jobs[1].stats.finish_reason == "error" and "broken head" in jobs[1].error and not jobs[1].tokens
     assert jobs[0].tokens == alone(models, PROMPTS[0], Verification("exact"))
     assert jobs[2].tokens == alone(models, PROMPTS[2], Verification("static", weight=0.5))
-    alone_batch = Batch(target, make_drafter("model", draft, capacity=1), draft_length=DraftLength(3), capacity=1)
+    alone_batch = Batch(target, make_drafter("model", draft, capacity=1), drafting=Drafting(3), capacity=1)
     alone_batch.add(job(PROMPTS[1], Verification("diversed"), head=broken))
     with pytest.raises(RuntimeError, match="broken head"):  # a batch of one policy raises, as decode() does
         alone_batch.step()
@@ -100,7 +100,7 @@ def test_a_failing_policy_fails_only_its_own_rows(models):
 
 def test_a_policys_draft_cap_limits_its_rows_drafts_only(models):
     target, draft = models
-    batch = Batch(target, make_drafter("model", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
+    batch = Batch(target, make_drafter("model", draft, capacity=2), drafting=Drafting(4), capacity=2)
     capped, free = job(PROMPTS[0], Verification("exact"), max_drafts=1), job(PROMPTS[1], Verification("exact"))
     batch.add(capped)
     batch.add(free)
@@ -124,7 +124,7 @@ def test_the_heuristic_schedule_reads_only_the_rows_that_drafted():
     """Rows of the target alone in a speculative round draft nothing: they are no verdict on the length."""
     target = tiny_model(0)
     batch = Batch(as_model(target), make_drafter("model", as_model(tiny_model(5, layers=2, hidden=32)), capacity=3),
-                  draft_length=DraftLength(3, "heuristic"), capacity=3)
+                  drafting=Drafting(3, "heuristic"), capacity=3)
     verifications = [Verification("exact"), Verification("plain"), Verification("plain")]
     jobs = [job(p, m) for p, m in zip(PROMPTS[:3], verifications, strict=True)]
     for j in jobs:
@@ -145,7 +145,7 @@ def test_with_an_int8_draft_a_request_writes_the_same_alone_in_a_mixed_batch_and
     requests = [(prompt, rules[i % 3]) for i, prompt in enumerate(PROMPTS)]
 
     def run(wanted: list[int], traffic: bool = False) -> dict[int, tuple]:
-        batch = Batch(target, make_drafter("model", draft, capacity=len(PROMPTS)), draft_length=DraftLength(3),
+        batch = Batch(target, make_drafter("model", draft, capacity=len(PROMPTS)), drafting=Drafting(3),
                       capacity=len(PROMPTS))
         if traffic:  # other requests first, to the end
             for prompt in PROMPTS[::-1][:3]:
@@ -172,7 +172,7 @@ def _company_runs(models, drafter: str, temperature: float) -> tuple[tuple, tupl
     target, draft = models
 
     def run(company: bool) -> tuple:
-        batch = Batch(target, make_drafter(drafter, draft, capacity=2), draft_length=DraftLength(3), capacity=2)
+        batch = Batch(target, make_drafter(drafter, draft, capacity=2), drafting=Drafting(3), capacity=2)
         mine = Job([3, 1, 4, 1, 5, 3, 1, 4], Policy(Verification("lossy", lenience=0.5), Sampling(temperature),
                                                     torch.Generator().manual_seed(7)), 24)
         batch.add(mine)
@@ -204,7 +204,7 @@ def test_a_row_that_may_only_copy_copies_beside_rows_of_the_draft_model(models):
     prompt = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5]
 
     def run(company: bool) -> Job:
-        batch = Batch(target, make_drafter("auto", draft, capacity=2), draft_length=DraftLength(3), capacity=2)
+        batch = Batch(target, make_drafter("auto", draft, capacity=2), drafting=Drafting(3), capacity=2)
         mine = Job(prompt, Policy(Verification("lossy", lenience=0.5), Sampling(1.0), torch.Generator().manual_seed(3),
                                   drafter="lookup"), 24)
         batch.add(mine)

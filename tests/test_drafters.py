@@ -18,7 +18,7 @@ from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
 from diversed.decoding.engine import Batch, Job, decode
 from diversed.decoding.policy import Policy
 from diversed.head.model import HeadConfig, build
-from diversed.request import DRAFTERS, DraftLength, Sampling, Verification
+from diversed.request import DRAFTERS, Drafting, Sampling, Verification
 
 from tiny import perturbed, tiny_model
 
@@ -139,9 +139,9 @@ def test_greedy_exact_with_a_prediction_writes_the_targets_text_and_drafts_from_
     target, draft = models
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=40)
     predictions = [t[:15] + [7, 7] + t[17:] for t in plain.tokens]
-    for drafter, schedule in (("auto", DraftLength(2, "auto", maximum=32)), ("prediction", DraftLength(16))):
+    for drafter, schedule in (("auto", Drafting(2, "speed", maximum=32)), ("prediction", Drafting(16))):
         out = decode(target, PROMPTS, draft=draft, drafter=drafter, verification=Verification("exact"), sampling=GREEDY,
-                     draft_length=schedule, max_new_tokens=40, predictions=predictions)
+                     drafting=schedule, max_new_tokens=40, predictions=predictions)
         assert out.tokens == plain.tokens
         for stats in out.stats:  # the auto schedule's choices follow measured times: only that it drafted
             assert stats.drafters["prediction"][1] >= (20 if drafter == "prediction" else 1)
@@ -165,12 +165,12 @@ def test_long_runs_start_from_their_own_prior_and_a_prediction_has_its_own():
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@pytest.mark.parametrize("schedule", [DraftLength(4), DraftLength(2, "auto", maximum=6)])
+@pytest.mark.parametrize("schedule", [Drafting(4), Drafting(2, "speed", maximum=6)])
 def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(models, drafter, schedule):
     target, draft = models
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=30)
     spec = decode(target, PROMPTS, draft=draft, drafter=drafter, verification=Verification("exact"), sampling=GREEDY,
-                  draft_length=schedule, max_new_tokens=30)
+                  drafting=schedule, max_new_tokens=30)
     assert spec.tokens == plain.tokens
     for s in spec.stats:
         assert s.rule_tokens + s.target_tokens == s.new_tokens
@@ -181,7 +181,7 @@ def test_greedy_exact_with_every_drafter_writes_what_the_target_alone_writes(mod
 def test_copying_drafters_cost_no_draft_forward_and_their_drafts_are_named(models):
     target, _ = models
     out = decode(target, PROMPTS, drafter="lookup", verification=Verification("exact"), sampling=GREEDY,
-                 draft_length=DraftLength(4), max_new_tokens=30)
+                 drafting=Drafting(4), max_new_tokens=30)
     assert all(s.draft_forwards == 0 for s in out.stats)
     assert sum(s.drafted for s in out.stats) > 0 and all(set(s.drafters) <= {"lookup"} for s in out.stats)
 
@@ -193,7 +193,7 @@ def test_a_repeated_request_is_proposed_from_the_earlier_answer_in_the_shared_ca
     cache = SuffixCache()
     prompt = [4, 8, 15, 16, 23, 42]
     runs = [decode(target, [prompt], drafter="suffix", cache=cache, verification=Verification("exact"), sampling=GREEDY,
-                   draft_length=DraftLength(8), max_new_tokens=40).stats[0] for _ in range(2)]
+                   drafting=Drafting(8), max_new_tokens=40).stats[0] for _ in range(2)]
     first, second = runs
     assert second.drafters["suffix"][0] >= 30 and second.accepted / second.drafted > 0.8
     assert second.target_forwards < first.target_forwards / 3
@@ -207,13 +207,13 @@ def test_a_target_only_lenience_head_verifies_copied_drafts(models, drafter):
     head = build(HeadConfig(8, 64, kind="lenience-target", initial_lenience=0.5))
     plain = decode(target, PROMPTS[:2], verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
     out = decode(target, PROMPTS[:2], drafter=drafter, verification=Verification("diversed"), head=head,
-                 sampling=GREEDY, draft_length=DraftLength(4), max_new_tokens=24, predictions=plain.tokens)
+                 sampling=GREEDY, drafting=Drafting(4), max_new_tokens=24, predictions=plain.tokens)
     assert all(s.drafted > 0 for s in out.stats)  # a mixture head is refused there: tests/test_one_request.py
 
 
 def test_a_row_that_allows_one_drafter_gets_drafts_from_it_only(models):
     target, draft = models
-    batch = Batch(target, make_drafter("auto", draft, capacity=2), draft_length=DraftLength(4), capacity=2)
+    batch = Batch(target, make_drafter("auto", draft, capacity=2), drafting=Drafting(4), capacity=2)
     jobs = [Job(list(p), Policy(Verification("exact"), GREEDY, drafter=name), 24) for p, name in
             zip(PROMPTS, ["lookup", "model"], strict=False)]
     for job in jobs:

@@ -8,7 +8,7 @@ from closed_forms import first_two_token_marginals
 
 from diversed.decoding.engine import decode
 from diversed.decoding.profile import PHASES
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 from diversed.verify import verify
 
 from tiny import perturbed, tiny_model
@@ -50,7 +50,7 @@ def test_greedy_exact_equals_plain_target_decoding(target, draft, n, batch):
     prompts = PROMPTS[:batch]
     plain = decode(target, prompts, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
     spec = decode(target, prompts, draft=draft, verification=Verification("exact"), sampling=GREEDY,
-                  draft_length=DraftLength(n), max_new_tokens=24)
+                  drafting=Drafting(n), max_new_tokens=24)
     assert spec.tokens == plain.tokens
     assert all(len(t) == 24 for t in spec.tokens)
 
@@ -70,11 +70,11 @@ def test_batch_equals_one_by_one(target, draft, verification):
         assert alone.tokens[0] == tokens
 
 
-@pytest.mark.parametrize("schedule", [DraftLength(2, "heuristic"), DraftLength(4, confidence=0.3),
-                                      DraftLength(3, "heuristic", confidence=0.5)])
+@pytest.mark.parametrize("schedule", [Drafting(2, "heuristic"), Drafting(4, confidence=0.3),
+                                      Drafting(3, "heuristic", confidence=0.5)])
 def test_schedules_and_confidence_stop_stay_exact(target, draft, schedule):
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
-    spec = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=schedule, max_new_tokens=24)
+    spec = decode(target, PROMPTS, draft=draft, sampling=GREEDY, drafting=schedule, max_new_tokens=24)
     assert spec.tokens == plain.tokens
 
 
@@ -115,7 +115,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(target, draft):
 
 def test_weight_zero_accepts_every_draft(target, draft):
     out = decode(target, PROMPTS, draft=draft, verification=Verification("static", weight=0.0), sampling=Sampling(1.0),
-                 draft_length=DraftLength(4), max_new_tokens=20)
+                 drafting=Drafting(4), max_new_tokens=20)
     assert out.summary()["acceptance_rate"] == 1.0
 
 
@@ -127,7 +127,7 @@ def test_dynamic_weights_see_both_models_hidden_states(target, draft):
         return torch.full(h_draft.shape[:2], 0.5)
 
     decode(target, PROMPTS, draft=draft, verification=Verification("dynamic"), head=weight_fn,
-           sampling=Sampling(1.0), draft_length=DraftLength(3), max_new_tokens=8)
+           sampling=Sampling(1.0), drafting=Drafting(3), max_new_tokens=8)
     b, n, d_draft = seen[0][0]
     assert (b, n) == (len(PROMPTS), 3) and d_draft == draft.config.hidden_size
     assert seen[0][1] == (b, n, target.config.hidden_size)
@@ -146,7 +146,7 @@ def test_each_sequence_stops_at_its_own_eos(target, draft):
 
 def test_stop_function_ends_a_sequence_at_the_token_that_completes_it(target, draft):
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=24)
-    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, draft_length=DraftLength(5), max_new_tokens=24,
+    out = decode(target, PROMPTS, draft=draft, sampling=GREEDY, drafting=Drafting(5), max_new_tokens=24,
                  stop=lambda t, start: max(start + 1, 3) if len(t) >= 3 else None)
     # A round that writes past the stop is cut back: the same tokens as the target alone, and counts to match.
     assert out.tokens == [full[:3] for full in plain.tokens]
@@ -155,7 +155,7 @@ def test_stop_function_ends_a_sequence_at_the_token_that_completes_it(target, dr
 
 
 def test_metrics_add_up(target, draft):
-    out = decode(target, PROMPTS, draft=draft, sampling=Sampling(1.0), draft_length=DraftLength(3),
+    out = decode(target, PROMPTS, draft=draft, sampling=Sampling(1.0), drafting=Drafting(3),
                  max_new_tokens=30)
     for s in out.stats:
         d = s.to_dict()
@@ -173,7 +173,7 @@ def _first_tokens(model, batch: int, seed: int, **kwargs) -> torch.Tensor:
     return torch.tensor([t[:2] for t in out.tokens])
 
 
-@pytest.mark.parametrize("drafting", [DraftLength(2), DraftLength(4, confidence=0.3)], ids=["constant", "cut-off"])
+@pytest.mark.parametrize("drafting", [Drafting(2), Drafting(4, confidence=0.3)], ids=["constant", "cut-off"])
 def test_exact_sampling_gives_the_target_distribution_end_to_end(drafting):
     """Over 20,000 sequences, the first two tokens of exact speculative sampling follow the target: the
     first token p(t1), the second its marginal sum_t1 p(t1) p(t2 | t1) (which goes through the bonus and
@@ -183,7 +183,7 @@ def test_exact_sampling_gives_the_target_distribution_end_to_end(drafting):
     target.lm_head.weight.data /= 4
     p1, p2 = first_two_token_marginals(target, [1, 2, 3])
     # 4 new tokens leave room for 3 drafts in the first round, so the cut-off (not the room) ends them.
-    out = decode(target, [[1, 2, 3]] * 20000, draft=draft, verification=Verification("exact"), draft_length=drafting,
+    out = decode(target, [[1, 2, 3]] * 20000, draft=draft, verification=Verification("exact"), drafting=drafting,
                  max_new_tokens=4, seed=0)
     tokens = torch.tensor([t[:2] for t in out.tokens])
     if drafting.confidence:  # the case happens: some rows never drafted past 1 token, others reached 2
@@ -199,7 +199,7 @@ def test_static_sampling_gives_the_mixture_end_to_end():
         p = torch.softmax(target(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
         q = torch.softmax(draft(torch.tensor([[1, 2, 3]])).logits[0, -1], -1)
     tokens = _first_tokens(target, 20000, 1, draft=draft, verification=Verification("static", weight=0.3),
-                           draft_length=DraftLength(3))
+                           drafting=Drafting(3))
     empirical = torch.bincount(tokens[:, 0], minlength=12) / len(tokens)
     assert 0.5 * (empirical - (0.3 * p + 0.7 * q)).abs().sum() < 0.02
 
@@ -227,7 +227,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
     monkeypatch.setattr(policy, "verify", spy)
     prompt = [3, 1, 4, 1, 5]
     out = decode(target, [prompt], draft=draft, verification=Verification("static", weight=0.6), sampling=Sampling(1.0),
-                 draft_length=DraftLength(3), max_new_tokens=30, seed=4)
+                 drafting=Drafting(3), max_new_tokens=30, seed=4)
     emitted = prompt
     for drafts, q, p, verdict in rounds:
         sequence = torch.tensor([emitted + drafts[0].tolist()])
@@ -244,7 +244,7 @@ def test_both_caches_match_fresh_forwards_in_every_round(target, draft, monkeypa
 def test_confidence_stops_do_not_shrink_the_requested_draft_length(target, requested):
     unsure_draft = tiny_model(5, hidden=32)  # random logits: every drafted token is below the cut-off
     out = decode(target, PROMPTS, draft=unsure_draft, sampling=GREEDY,
-                 draft_length=DraftLength(5, confidence=0.9), max_new_tokens=10)
+                 drafting=Drafting(5, confidence=0.9), max_new_tokens=10)
     assert all(s.drafted == s.target_forwards for s in out.stats)  # the cut-off stops each round after 1 draft
     # So a round writes at most 2 tokens, and the first three rounds are not cut by the tokens still needed.
     assert requested[:3] == [5, 5, 5] and max(requested) == 5
@@ -265,7 +265,7 @@ def test_bad_weights_and_unsupported_models_are_refused(target, draft):
 def test_auto_schedule_stays_exact_and_changes_the_draft_length(target, requested):
     close = perturbed(target, 0.05, 1)
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=GREEDY, max_new_tokens=30)
-    spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, draft_length=DraftLength(2, "auto"),
+    spec = decode(target, PROMPTS, draft=close, sampling=GREEDY, drafting=Drafting(2, "speed"),
                   max_new_tokens=30)
     assert spec.tokens == plain.tokens
     # The first round drafts the length asked for; then the speed model chooses: other lengths, or rounds of
@@ -289,6 +289,6 @@ def test_profile_splits_the_wall_time_into_phases(target, draft, verification):
 
 
 def test_rounds_draft_no_more_than_the_tokens_still_needed(target, draft, requested):
-    out = decode(target, PROMPTS[:1], draft=draft, sampling=GREEDY, draft_length=DraftLength(10), max_new_tokens=7)
+    out = decode(target, PROMPTS[:1], draft=draft, sampling=GREEDY, drafting=Drafting(10), max_new_tokens=7)
     assert len(out.tokens[0]) == 7 and requested[0] == 6 and all(n <= 6 for n in requested)
     assert out.stats[0].accepted <= 6 and out.stats[0].drafted == sum(requested)

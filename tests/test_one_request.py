@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 
 import diversed
 import diversed.decoding
@@ -25,7 +26,7 @@ from diversed.decoding.schedule import CostMemory
 from diversed.evaluation.run import EvalConfig, parse_verifications
 from diversed.generation import generate
 from diversed.integrations.vllm import request_verification
-from diversed.request import DraftLength, RequestError, Verification
+from diversed.request import Drafting, RequestError, Verification
 from diversed.server.app import Server, ServerConfig
 from diversed.server.protocol import BadRequest, parse_call
 
@@ -65,7 +66,7 @@ def command_line(*flags: str, prompt: str = "a prompt"):
 
 def http(chat: bool = False, **body):
     body = ({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "a prompt"}) | body
-    return lambda: parse_call(body, chat, Verification("exact"), DraftLength(), "auto")
+    return lambda: parse_call(body, chat, Verification("exact"), Drafting(), "auto")
 
 
 def evaluation(**settings):
@@ -92,7 +93,7 @@ EDGES = {
                 evaluation(drafter="banana")],
     "draft_length": [python(draft_length=0), command_line("--draft-length", "0"), http(draft_length=0),
                      evaluation(draft_length=0)],
-    "draft_schedule": [lambda: DraftLength(3, "sometimes"), command_line("--draft-schedule", "sometimes"),
+    "draft_schedule": [lambda: Drafting(3, "sometimes"), command_line("--draft-schedule", "sometimes"),
                        evaluation(draft_schedule="sometimes")],
     "stop": [python(stop=[""]), command_line("--stop", ""), http(stop=[""])],
     "seed": [python(seed=-1), command_line("--seed", "-1"), http(seed=-1), evaluation(seed=-1)],
@@ -177,7 +178,7 @@ def test_decoding_writes_no_file_and_the_caller_keeps_the_costs(pair, tmp_path, 
     monkeypatch.setenv("HOME", str(tmp_path))
     costs = CostMemory(tmp_path / "kept.json")
     generate(pair, "t3 t4 t5", verification="exact", max_new_tokens=12, costs=costs,
-             draft_length=DraftLength(2, "auto", maximum=4))
+             drafting=Drafting(2, "speed", maximum=4))
     assert list(tmp_path.iterdir()) == []  # nothing written by decoding
     assert costs.kept  # the speed model's costs came back to the caller's memory
 

@@ -9,7 +9,7 @@ from diversed.decoding.drafters.base import Candidate
 from diversed.decoding.profile import PHASES, profile_table
 from diversed.decoding.schedule import CostMemory, SpeedModel
 from diversed.decoding.scheduler import copy_width
-from diversed.request import DraftLength
+from diversed.request import Drafting
 
 
 def observed(kept_of_five: list[int], step: float, verify: dict[int, float], plain: float | None = None
@@ -140,10 +140,10 @@ def test_a_single_verify_length_is_taken_as_flat_and_the_prior_keeps_acceptance_
 
 
 def test_auto_schedule_may_start_above_the_first_length_but_constant_needs_no_maximum():
-    assert DraftLength(20).longest == 20  # transformers' default length is allowed as a constant
-    assert DraftLength(3, "auto").longest == 16
+    assert Drafting(20).longest == 20  # transformers' default length is allowed as a constant
+    assert Drafting(3, "speed").longest == 16
     with pytest.raises(ValueError, match="draft_length"):
-        DraftLength(20, "auto")
+        Drafting(20, "speed")
 
 
 def test_profile_table_lists_every_phase_and_the_total():

@@ -51,7 +51,7 @@ def solo(pair: Pair, prompt: str, rule: str, max_tokens: int, head_dir: str, cha
     """What `generate` writes for the prompt alone at T = 0 with the server's drafting."""
     verification = f"diversed:{head_dir}" if rule == "diversed" else rule
     return generate(pair, prompt, verification=verification, temperature=0, max_new_tokens=max_tokens, chat=chat,
-                    draft_length=DRAFTING)[0].text
+                    drafting=DRAFTING)[0].text
 
 
 def test_completion_equals_generate_and_reports_usage_and_speculative_metrics(server, pair, head_dir):
@@ -121,7 +121,7 @@ def test_a_heads_shift_travels_in_the_verification_string(server, pair, head_dir
     out = client(url).completions.create(model="tiny-target", prompt="t13 t14 t15", max_tokens=20, temperature=0,
                                          extra_body={"verification": "diversed:flat@+1"})
     alone = generate(pair, "t13 t14 t15", verification=f"diversed:{head_dir}@+1", temperature=0, max_new_tokens=20,
-                     chat=False, draft_length=DRAFTING)[0].text
+                     chat=False, drafting=DRAFTING)[0].text
     assert out.choices[0].text == alone
     assert out.model_extra["speculative"]["verification"] == "diversed:flat@+1"
 
@@ -159,10 +159,11 @@ def test_relaxed_rules_keep_more_drafts_than_exact():
     assert rates["static:0.2"] > rates["exact"] + 0.2
 
 
-def test_draft_length_caps_a_requests_drafts(server):
+@pytest.mark.parametrize("field", ["max_drafts", "draft_length"])  # draft_length: its name until this release
+def test_max_drafts_caps_a_requests_drafts(server, field):
     url, _ = server
     out = client(url).completions.create(model="tiny-target", prompt="t5 t6", max_tokens=20, temperature=0,
-                                         extra_body={"draft_length": 1})
+                                         extra_body={field: 1})
     assert len(out.model_extra["speculative"]["per_position_acceptance"]) == 1
 
 
@@ -183,7 +184,7 @@ def test_predicted_outputs_through_the_openai_client(server, pair, head_dir):
     and usage counts its accepted and rejected tokens as OpenAI does."""
     url, _ = server
     messages = [{"role": "user", "content": "t8 t9"}]
-    alone = generate(pair, [messages], temperature=0, max_new_tokens=24, draft_length=DRAFTING)[0]
+    alone = generate(pair, [messages], temperature=0, max_new_tokens=24, drafting=DRAFTING)[0]
     words = alone.text.split()
     changed = " ".join(words[:8] + ["t3", "t3"] + words[10:])  # the prediction, two words off
     out = client(url).chat.completions.create(model="tiny-target", messages=messages, max_tokens=24, temperature=0,
@@ -284,7 +285,8 @@ def test_the_dial_endpoint_lists_what_a_request_may_set(server):
     ({"prompt": "t3", "stop": 5}, "stop"),
     ({"prompt": "t3", "colour": "blue"}, "colour"),
     ({"prompt": ""}, "prompt"),
-    ({"prompt": "t3", "draft_length": 0}, "draft_length"),
+    ({"prompt": "t3", "max_drafts": 0}, "max_drafts"),
+    ({"prompt": "t3", "draft_length": 2, "max_drafts": 2}, "draft_length"),
     ({"prompt": "t3", "drafter": "ngram"}, "drafter"),
     ({"prompt": "t3", "verification": "diversed", "head": "flat", "drafter": "lookup"}, "drafter"),
     ({"prompt": "t3", "temperature": 10**400}, "temperature"),

@@ -6,7 +6,7 @@ import torch
 from diversed.decoding.engine import decode
 from diversed.models.onednn import use_onednn_linears
 from diversed.models.vocab import frequent_token_ids, restrict_draft_vocab
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 
 from tiny import WORDS, perturbed, tiny_model, word_tokenizer
 
@@ -53,7 +53,7 @@ def test_speculative_decoding_with_a_restricted_draft_stays_exact_and_drafts_onl
     monkeypatch.setattr(ModelDrafter, "_draft", spy)
     greedy = Sampling(0)
     plain = decode(target, PROMPTS, verification=Verification("plain"), sampling=greedy, max_new_tokens=20)
-    spec = decode(target, PROMPTS, draft=draft, sampling=greedy, draft_length=DraftLength(3), max_new_tokens=20)
+    spec = decode(target, PROMPTS, draft=draft, sampling=greedy, drafting=Drafting(3), max_new_tokens=20)
     assert spec.tokens == plain.tokens and any(t >= 15 for row in plain.tokens for t in row)
     sampled = decode(target, PROMPTS, draft=draft, sampling=Sampling(1.0, top_k=10, top_p=0.9), max_new_tokens=20)
     assert all(len(t) == 20 for t in sampled.tokens)

@@ -30,7 +30,7 @@ from diversed.decoding.profile import PhaseClock
 from diversed.decoding.provenance import TokenOrigin, round_origins, target_origin
 from diversed.decoding.schedule import CostMemory, stopwatch
 from diversed.decoding.scheduler import Scheduler
-from diversed.request import DraftLength, Sampling, Verification, renamed_keywords
+from diversed.request import Drafting, Sampling, Verification, as_drafting, renamed_keywords
 from diversed.verify import Verdict
 
 # (the new tokens of a sequence so far, where this round's began) -> how many of them hold the first stop
@@ -65,7 +65,8 @@ def decode(
     cache: SuffixCache | None = None,
     verification: Verification = Verification("exact"),
     sampling: Sampling = Sampling(),
-    draft_length: int | DraftLength = DraftLength(),
+    draft_length: int | None = None,
+    drafting: Drafting | None = None,
     max_new_tokens: int = 128,
     eos_token_ids: Sequence[int] = (),
     stop: StopFn | None = None,
@@ -87,10 +88,10 @@ def decode(
     the "suffix" and "auto" drafters share (default: a new one). Verification "plain" decodes with the target
     alone; every other one needs a drafter, and "diversed"/"dynamic" a head (diversed.decoding.policy.Head).
     A sequence stops at any of eos_token_ids (kept in its tokens), where stop (a StopFn) finds a stop string, or
-    at max_new_tokens. Seeded, the same inputs give the same tokens, except under the "auto" schedule, whose
+    at max_new_tokens. Seeded, the same inputs give the same tokens, except under the "speed" schedule, whose
     draft lengths follow the clock; greedy "exact" and "plain" always do. profile=True makes the per-phase times
     of Generation.profile exact on a GPU (by waiting for the device around each phase).
-    draft_length: a DraftLength, or an int N for N drafts every round.
+    draft_length: N drafts every round; drafting: a Drafting (default: Drafting()), not both.
     on_tokens(i, new): called with each round's new tokens of prompt i, as they come (streaming).
     on_round(i, round, row, count): called after each round with prompt i's row in the Round (what the
     verifier saw; None for a step of the target alone) and how many tokens it emitted (a trainer's capture:
@@ -98,21 +99,21 @@ def decode(
     predictions: per prompt, the token ids its answer is expected to repeat, or None (Predicted Outputs: the
     "prediction" and "auto" drafters draft from them).
     provenance: record how each token was made (Generation.origins; diversed.decoding.provenance).
-    costs: the auto schedule's measured costs to start from and add to (None: this call's own).
+    costs: the speed schedule's measured costs to start from and add to (None: this call's own).
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
-    draft_length = DraftLength(draft_length) if isinstance(draft_length, int) else draft_length
+    drafting = as_drafting(draft_length, drafting) or Drafting()
     if draft is not None and draft.vocab_size != target.vocab_size:  # the models' own mismatch, no request's
         raise ValueError(f"draft and target have different vocabularies ({draft.vocab_size} vs {target.vocab_size} "
                          "logits)")
     if verification.name == "plain":
         drafter = None
     elif isinstance(drafter, str) or (drafter is None and draft is not None):
-        drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=draft_length.confidence,
+        drafter = make_drafter(drafter or "model", draft, capacity=len(prompts), confidence=drafting.confidence,
                                cache=cache)
     policy = Policy(verification, sampling, torch.Generator(device=target.device).manual_seed(seed), head)
-    batch = Batch(target, drafter, draft_length=draft_length, eos_token_ids=eos_token_ids, capacity=len(prompts),
+    batch = Batch(target, drafter, drafting=drafting, eos_token_ids=eos_token_ids, capacity=len(prompts),
                   profile=profile, costs=costs)
     predictions = predictions or [None] * len(prompts)
     jobs = [Job(list(p), policy, max_new_tokens, stop,
@@ -200,6 +201,7 @@ class Job:
         return self.finished
 
 
+@renamed_keywords(draft_length="drafting")
 class Batch:
     """The running batch: the target's rows, the drafter's, one Job per row, and the scheduler that sizes each
     round's drafts (diversed.decoding.scheduler).
@@ -210,11 +212,11 @@ class Batch:
     Not thread-safe: one thread adds and steps (a server's engine thread); `Job.cancelled` is the one field
     other threads may set."""
 
-    def __init__(self, target: Model, drafter: Drafter | None = None, *, draft_length: DraftLength = DraftLength(),
+    def __init__(self, target: Model, drafter: Drafter | None = None, *, drafting: Drafting = Drafting(),
                  eos_token_ids: Sequence[int] = (), capacity: int = 1, profile: bool = False,
                  costs: CostMemory | None = None) -> None:
         self.target, self.drafter = target, drafter
-        self.scheduler = Scheduler(draft_length, costs)
+        self.scheduler = Scheduler(drafting, costs)
         self.eos = set(eos_token_ids)
         self.jobs: list[Job] = []
         self.capacity = capacity
@@ -284,7 +286,7 @@ class Batch:
         return left + self._drop([job.finished for job in self.jobs])
 
     def close(self) -> None:
-        """Hand the measured costs (the auto schedule's) to the scheduler's CostMemory, for later batches of
+        """Hand the measured costs (the speed schedule's) to the scheduler's CostMemory, for later batches of
         the same models."""
         self.scheduler.close()
 

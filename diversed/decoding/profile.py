@@ -1,4 +1,4 @@
-"""Where a decoding call's time goes: seconds per phase of the round, for `--profile` (the auto schedule times
+"""Where a decoding call's time goes: seconds per phase of the round, for `--profile` (the speed schedule times
 its own: diversed.decoding.schedule.stopwatch)."""
 
 from __future__ import annotations

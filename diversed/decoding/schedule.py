@@ -1,4 +1,4 @@
-"""How many tokens to draft each round: the speed model of the auto schedule and its measured costs."""
+"""How many tokens to draft each round: the speed model of the speed schedule and its measured costs."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def geometric_tau(a: float, n: int) -> float:
 
 
 class SpeedModel:
-    """The running speed model of one decoding call, for the "auto" schedule (docs/algorithm.md section 6).
+    """The running speed model of one decoding call, for the "speed" schedule (docs/algorithm.md section 6).
 
     Tokens per second of a round of N drafts = tau(a, N) / (N d + v(N + 1)) (geometric_tau for tau), and of
     a step of the target alone (N = 0) 1 / v(1): a the per-position acceptance, d the draft

@@ -1,4 +1,4 @@
-"""Who drafts each round, and how many tokens: the draft length's schedule, and under the "auto" schedule the
+"""Who drafts each round, and how many tokens: the draft length's schedule, and under the "speed" schedule the
 speed model's choice between the drafters, their widths and the target alone (docs/algorithm.md section 6).
 
 The drafters only propose and advance; the Scheduler asks them, cuts what they propose to the width it predicts
@@ -14,15 +14,15 @@ from dataclasses import replace
 from diversed.decoding.drafters import AutoDrafter, CopyDrafter, Drafter, DraftRound, ModelDrafter, Proposal
 from diversed.decoding.drafters.base import Candidate, copied
 from diversed.decoding.schedule import CostMemory, SpeedModel
-from diversed.request import DraftLength
+from diversed.request import Drafting
 
 
 class Scheduler:
-    """The draft length of each round (`n`, by the constant or heuristic schedule), or under the auto schedule
+    """The draft length of each round (`n`, by the constant or heuristic schedule), or under the speed schedule
     the speed model's choice. costs: where the speed model's measured costs come from and go back to (None: a
     memory of this scheduler's own)."""
 
-    def __init__(self, drafting: DraftLength, costs: CostMemory | None = None) -> None:
+    def __init__(self, drafting: Drafting, costs: CostMemory | None = None) -> None:
         self.drafting = drafting
         self.costs = CostMemory() if costs is None else costs
         self.n = drafting.initial
@@ -32,7 +32,7 @@ class Scheduler:
     @property
     def measured(self) -> bool:
         """Whether rounds are timed for a speed model (then a GPU's queue is drained around them)."""
-        return self.drafting.schedule == "auto"
+        return self.drafting.schedule == "speed"
 
     @property
     def longest(self) -> int:

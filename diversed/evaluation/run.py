@@ -28,7 +28,7 @@ from diversed.generation import run
 from diversed.head.names import head_folder
 from diversed.machine import describe
 from diversed.models.loading import Pair
-from diversed.request import RENAMED_VERIFICATIONS, DraftLength, Request, Sampling, Verification
+from diversed.request import RENAMED_SCHEDULES, RENAMED_VERIFICATIONS, Drafting, Request, Sampling, Verification
 from diversed.tasks.task import predicted_outputs
 from diversed.text import cut_at_stop, encode_prompt
 
@@ -45,7 +45,7 @@ class EvalConfig:
     temperature: float = 1.0
     draft_length: int = 5
     draft_confidence: float = 0.0  # a sequence stops drafting once a draft's probability is below this
-    draft_schedule: str = "constant"  # or "heuristic", "auto" (diversed.decoding.schedule)
+    draft_schedule: str = "constant"  # or "heuristic", "speed" (diversed.request.Drafting)
     drafter: str = "model"  # diversed.decoding.drafters.DRAFTERS
     max_new_tokens: int = 128
     split: str = "test"
@@ -60,6 +60,8 @@ class EvalConfig:
     prediction: bool = False  # each example's input text (metadata["original"]) as its predicted output
 
     def __post_init__(self) -> None:
+        if self.draft_schedule in RENAMED_SCHEDULES:  # a run saved under the old name resumes under the new one
+            object.__setattr__(self, "draft_schedule", RENAMED_SCHEDULES[self.draft_schedule])
         self.request(("a prompt",), "plain" if not self.prediction else "exact",
                      "a prediction" if self.prediction else None, self.seed)  # the request's own checks
         if self.limit is not None and self.limit < 1:
@@ -74,9 +76,9 @@ class EvalConfig:
                        batch_size=self.batch_size)
 
     @property
-    def drafting(self) -> DraftLength:
-        longest = self.draft_length if self.draft_schedule == "auto" else DraftLength.maximum  # auto: up to it
-        return DraftLength(self.draft_length, self.draft_schedule, longest, self.draft_confidence)
+    def drafting(self) -> Drafting:
+        longest = self.draft_length if self.draft_schedule == "speed" else Drafting.maximum  # speed: up to it
+        return Drafting(self.draft_length, self.draft_schedule, longest, self.draft_confidence)
 
 
 def parse_verifications(text: str | Sequence[str], *, heads: bool = True) -> list[str]:
@@ -115,7 +117,7 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
     """Run every verification on the task's examples and write results.jsonl, then the folder's report
     (report(): summary.{md,csv,json} and the plots) into out_dir, of every verification in it that has finished
     these examples, earlier runs' too. Returns this run's summaries (one per verification); under torchrun, only
-    rank 0 returns them. costs: the auto schedule's measured costs to start from and add to (None: this run's
+    rank 0 returns them. costs: the speed schedule's measured costs to start from and add to (None: this run's
     own)."""
     out_dir = Path(out_dir)
     # Everything is checked before anything is written: a refused call must leave out_dir as it was, or a

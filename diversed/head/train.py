@@ -48,7 +48,7 @@ from diversed.head.names import CONFIG_FILE, head_folder
 from diversed.head.ppo import ppo_terms, rejection, term_gradient_norms
 from diversed.head.rollouts import ROLLOUTS, Rollouts, informative_rows, leave_one_out
 from diversed.models.loading import Pair
-from diversed.request import DraftLength, Sampling, Verification
+from diversed.request import Drafting, Sampling, Verification
 from diversed.tasks.task import predicted_outputs
 from diversed.text import cut_at_stop, encode_prompt, stop_checker
 from diversed.verify import point_masses, total_variation
@@ -224,7 +224,7 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
     traces = [Trace(pair.target.hidden_size, pair.target.device) for _ in batch]
     generation = decode(pair.target, batch, draft=pair.draft, drafter=config.drafter,
                         verification=Verification("dynamic"), sampling=sampling,
-                        draft_length=DraftLength(config.draft_length), max_new_tokens=config.max_new_tokens,
+                        drafting=Drafting(config.draft_length), max_new_tokens=config.max_new_tokens,
                         eos_token_ids=pair.eos_token_ids, head=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
                         predictions=None if predictions is None else [p for p in predictions for _ in range(k)],

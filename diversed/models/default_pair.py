@@ -55,7 +55,7 @@ def cache_dir() -> Path:
 
 
 def costs_file() -> Path:
-    """Where the command line and the server keep the auto schedule's measured costs between runs
+    """Where the command line and the server keep the speed schedule's measured costs between runs
     (diversed.decoding.schedule.CostMemory): $DIVERSED_COSTS if set, else speed-costs.json in the cache folder."""
     return Path(os.environ.get("DIVERSED_COSTS") or cache_dir() / "speed-costs.json").expanduser()
 

@@ -41,7 +41,7 @@ from diversed.request import (
     DRAFTERS,
     RULE_SPECS,
     ContextTooLong,
-    DraftLength,
+    Drafting,
     HeadNotFound,
     RequestError,
     RuleSpec,
@@ -65,14 +65,14 @@ from diversed.text import StreamedText, TokenTexts
 _PAGE = Path(__file__).parent / "playground"  # the playground's static files, shipped in the package
 
 
-@renamed_keywords(method="verification")
+@renamed_keywords(method="verification", draft_length="drafting")
 @dataclass
 class ServerConfig:
     """What a server runs. verification: the rule of requests that name none; heads: name -> head folder (the
     heads shipped for the built-in pair are added under their names, and the default one as "default", when
     they fit the pair); max_batch: requests decoded together; max_waiting: requests queued beyond them (more get
     503); max_tokens: a chat request's limit when it sets none (None: what the context leaves, as OpenAI and
-    llama-server do); draft_length: the batch's drafting (None: the backend's default); drafter: what drafts
+    llama-server do); drafting: the batch's (None: the backend's default); drafter: what drafts
     for requests that name none (diversed.decoding.drafters; the batch holds them all, and one suffix cache
     over every request's text)."""
 
@@ -81,7 +81,7 @@ class ServerConfig:
     max_batch: int = 8
     max_waiting: int = 64
     max_tokens: int | None = None
-    draft_length: DraftLength | None = None
+    drafting: Drafting | None = None
     model_name: str | None = None
     drafter: str = "auto"
 
@@ -107,7 +107,7 @@ class ServerConfig:
 
 
 class Server:
-    """The pair, its heads, the engine thread and the metrics behind the routes. costs: the auto schedule's
+    """The pair, its heads, the engine thread and the metrics behind the routes. costs: the speed schedule's
     measured costs (default: the cache folder's file, saved when the engine stops)."""
 
     def __init__(self, pair: Pair, config: ServerConfig, costs: CostMemory | None = None) -> None:
@@ -128,7 +128,7 @@ class Server:
         if default.name == "diversed" and not self.heads:
             raise ValueError(f"--verification {config.verification}: no head fits this pair (the shipped heads fit "
                              "the built-in pair only): give one with --head NAME=DIR")
-        self.drafting = config.draft_length or DEFAULT_DRAFTING[pair.backend]
+        self.drafting = config.drafting or DEFAULT_DRAFTING[pair.backend]
         self.costs = CostMemory(costs_file()) if costs is None else costs
         self.metrics = Metrics()
         self.cache = SuffixCache()  # shared by every batch and request of this server
@@ -137,7 +137,7 @@ class Server:
     def _new_batch(self) -> Batch:
         drafter = make_drafter("auto", self.pair.draft, capacity=self.config.max_batch,
                                confidence=self.drafting.confidence, cache=self.cache)
-        return Batch(self.pair.target, drafter, draft_length=self.drafting, eos_token_ids=self.pair.eos_token_ids,
+        return Batch(self.pair.target, drafter, drafting=self.drafting, eos_token_ids=self.pair.eos_token_ids,
                      capacity=self.config.max_batch, costs=self.costs)
 
     def _gauges(self, running: int, waiting: int) -> None:

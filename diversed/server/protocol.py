@@ -7,7 +7,8 @@ wire's own shapes (an object where one is due, the fields it knows, content part
 the Request's to check. The verification
 dial travels as extra body fields (what the openai client sends through `extra_body`): `verification`, a
 rule as `--verification` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
-of a head the server loaded, and `draft_length`, a cap on the drafts per round for this request.
+of a head the server loaded, and `max_drafts`, a cap on the drafts per round for this request (`draft_length`,
+its name until this release, still works).
 `prediction` is OpenAI's Predicted Outputs, on both endpoints. `provenance: true` (an extension, off by default)
 adds to each choice, and to each streamed chunk's choice, `provenance`: how each new token was made
 (diversed.decoding.provenance.records).
@@ -19,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from diversed.request import DraftLength, Request, RequestError, Sampling, Verification
+from diversed.request import Drafting, Request, RequestError, Sampling, Verification
 
 
 class BadRequest(Exception):
@@ -36,7 +37,7 @@ class BadRequest(Exception):
 
 
 # The request's own names (diversed.request) that OpenAI's API spells otherwise.
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "max_drafts": "draft_length", "predictions": "prediction"}
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "predictions": "prediction"}
 
 
 def request_error(error: RequestError, chat: bool) -> tuple[str, str]:
@@ -77,13 +78,13 @@ _ENDPOINT_NEUTRAL = {
 _IGNORED = {"user": (str, "a string"), "metadata": (dict, "an object"), "store": (bool, "true or false"),
             "service_tier": (str, "a string")}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL, *_IGNORED}
+           "verification", "head", "max_drafts", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL, *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt", *_ENDPOINT_NEUTRAL[False]},
            True: _COMMON | {"messages", "max_completion_tokens", *_ENDPOINT_NEUTRAL[True]}}
 _ROLES = ("system", "user", "assistant", "developer")
 
 
-def parse_call(body, chat: bool, verification: Verification, drafting: DraftLength, drafter: str) -> Call:
+def parse_call(body, chat: bool, verification: Verification, drafting: Drafting, drafter: str) -> Call:
     """A /v1/completions (chat=False) or /v1/chat/completions body as a Call; BadRequest names a field the wire
     format refuses, RequestError one the request does. verification, drafting, drafter: the server's, for a
     request that sets none."""
@@ -122,7 +123,7 @@ def parse_call(body, chat: bool, verification: Verification, drafting: DraftLeng
                           _verification(body, verification),
                           Sampling(_given(body, "temperature", 1.0), _given(body, "top_k", 0),
                                    _given(body, "top_p", 1.0)),
-                          _given(body, "drafter", drafter), drafting, body.get("draft_length"), max_tokens,
+                          _given(body, "drafter", drafter), drafting, _max_drafts(body), max_tokens,
                           _given(body, "stop", ()), body.get("seed"), _prediction(body),
                           _given(body, "provenance", False), chat)
     except RequestError as error:
@@ -131,6 +132,13 @@ def parse_call(body, chat: bool, verification: Verification, drafting: DraftLeng
         raise
     return Call(request, chat, stream, include_usage, model, max_tokens is not None,
                 "head" if body.get("head") is not None else "verification")
+
+
+def _max_drafts(body: dict):
+    """max_drafts, or draft_length, its name until this release (one of them)."""
+    if body.get("draft_length") is not None and body.get("max_drafts") is not None:
+        raise BadRequest("draft_length is max_drafts' old name: send max_drafts", "draft_length")
+    return _given(body, "max_drafts", body.get("draft_length"))
 
 
 def _integers(*values) -> bool:

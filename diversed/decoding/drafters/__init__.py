@@ -19,7 +19,7 @@ def make_drafter(name: str, draft: Model | None = None, *, capacity: int = 1, co
                  cache: SuffixCache | None = None) -> Drafter | None:
     """The drafter called `name` (diversed.request.DRAFTERS, checked there) for a batch of up to `capacity`
     rows; None where it cannot run ("model" without a draft model). draft: the draft model; confidence: its
-    cut-off (DraftLength.confidence); cache: the suffix cache to share (a server's, across requests; default:
+    cut-off (Drafting.confidence); cache: the suffix cache to share (a server's, across requests; default:
     a new one)."""
     setup = DrafterSetup(draft, capacity, confidence, SuffixCache() if cache is None else cache)
     if name != "auto":

@@ -1,6 +1,6 @@
 """The default drafter, all the others together: each round, the best of the copying drafters (the request's
 prediction, prompt lookup and the suffix cache, for each row), the draft model, or no drafts (the target alone).
-Under the auto schedule the speed model chooses, by the tokens per second it predicts for each from measured
+Under the speed schedule the speed model chooses, by the tokens per second it predicts for each from measured
 costs and each drafter's running acceptance (diversed.decoding.scheduler)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from diversed.decoding.drafters.model import ModelDrafter
 class AutoDrafter:
     """Every drafter that can run: the copying ones and, where the pair has one, the draft model. Each row
     drafts by itself: from its prediction where it has one, else by the draft model where there is one, else
-    by copying. Under the auto schedule the Scheduler chooses for the batch instead (one pass, one width), from
+    by copying. Under the speed schedule the Scheduler chooses for the batch instead (one pass, one width), from
     best_copies and the draft model. A mixture head (which reads the draft model's hidden states) gets the draft
     model's drafts only."""
 

@@ -66,7 +66,7 @@ class Proposal:
 @dataclass(frozen=True)
 class DrafterSetup:
     """What a drafter may be built from (`build`): the draft model (None: the pair has none), the most rows at
-    once, the draft model's confidence cut-off (DraftLength.confidence) and the suffix cache shared by a
+    once, the draft model's confidence cut-off (Drafting.confidence) and the suffix cache shared by a
     process's requests."""
 
     draft: Model | None
@@ -189,7 +189,7 @@ def outcome(last: Candidate | None, written: Sequence[int]) -> str:
 class CopyDrafter:
     """A drafter that copies from text it has seen (its `candidate` says what): no model, no forward, a point
     mass on each drafted token. It keeps each row's text (prompt and everything written since) and learns,
-    per kind of proposal, how often its proposals are kept (Acceptance), which the auto schedule weighs
+    per kind of proposal, how often its proposals are kept (Acceptance), which the speed schedule weighs
     (diversed.decoding.scheduler): a zero-cost draft pays wherever the tokens it is expected to add outweigh
     the wider pass."""
 

@@ -136,7 +136,7 @@ function requestBody(node) {
     if (value !== "") body[field] = Number(value);
   }
   const cap = $(".draft-length", node).value;
-  if (cap !== "") body.draft_length = Number(cap);
+  if (cap !== "") body.max_drafts = Number(cap);
   const prediction = $("#prediction").value;
   if (prediction) body.prediction = { type: "content", content: prediction };
   return [chat ? "/v1/chat/completions" : "/v1/completions", body];
