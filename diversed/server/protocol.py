@@ -78,7 +78,8 @@ _ENDPOINT_NEUTRAL = {
 _IGNORED = {"user": (str, "a string"), "metadata": (dict, "an object"), "store": (bool, "true or false"),
             "service_tier": (str, "a string")}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "max_drafts", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL, *_IGNORED}
+           "verification", "head", "max_drafts", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL,
+           *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt", *_ENDPOINT_NEUTRAL[False]},
            True: _COMMON | {"messages", "max_completion_tokens", *_ENDPOINT_NEUTRAL[True]}}
 _ROLES = ("system", "user", "assistant", "developer")
