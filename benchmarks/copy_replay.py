@@ -47,9 +47,13 @@ from statistics import geometric_mean
 from drafters_speed import VerifyCosts, token_ids, verify_costs
 
 from diversed.backends.llama_cpp import LlamaCppModel
-from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter, base
+from diversed.decoding.drafters import base
 from diversed.decoding.drafters import prediction as predicted
-from diversed.decoding.drafters.base import Acceptance, best_candidate, copy_width
+from diversed.decoding.drafters.base import Acceptance, best_candidate
+from diversed.decoding.drafters.lookup import LookupDrafter
+from diversed.decoding.drafters.prediction import PredictionDrafter
+from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
+from diversed.decoding.scheduler import copy_width
 from diversed.decoding.engine import decode
 from diversed.decoding.schedule import SpeedModel
 from diversed.models.loading import load_pair

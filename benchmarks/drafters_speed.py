@@ -45,7 +45,9 @@ from llama_speed import Row, plain_llama
 from serve_speed import free_port, start
 
 from diversed.backends.llama_cpp import default_threads
-from diversed.decoding.drafters import LookupDrafter, PredictionDrafter, SuffixCache, SuffixDrafter
+from diversed.decoding.drafters.lookup import LookupDrafter
+from diversed.decoding.drafters.prediction import PredictionDrafter
+from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
 from diversed.machine import describe

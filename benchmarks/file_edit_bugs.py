@@ -6,6 +6,7 @@ sha256): for every unit of each split, the first mutation site whose bug the uni
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -30,6 +31,7 @@ def find_bugs(split: str) -> dict[str, int]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     json.dump({split: find_bugs(split) for split in SPLITS}, sys.stdout, indent=0, sort_keys=True)
     sys.stdout.write("\n")
 
