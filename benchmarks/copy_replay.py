@@ -53,9 +53,9 @@ from diversed.decoding.drafters.base import Acceptance, best_candidate
 from diversed.decoding.drafters.lookup import LookupDrafter
 from diversed.decoding.drafters.prediction import PredictionDrafter
 from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
-from diversed.decoding.scheduler import copy_width
 from diversed.decoding.engine import decode
 from diversed.decoding.schedule import SpeedModel
+from diversed.decoding.scheduler import copy_width
 from diversed.models.loading import load_pair
 from diversed.request import DEFAULT_DRAFTING, Sampling, Verification
 from diversed.tasks import get_task
