@@ -216,3 +216,15 @@ def test_a_head_declares_its_rule():
     assert policy.Policy(Verification("diversed"), head=build(HeadConfig(8, 8, kind="lenience"))).rule == "lossy"
     assert policy.Policy(Verification("dynamic"), head=lambda h_draft, h_target: h_target[..., 0]).rule == "dynamic"
     assert policy.Policy(Verification("static", weight=0.5)).rule == "static"
+
+
+@pytest.mark.parametrize(("body", "param"), [({"verification": "diversed:nope"}, "verification"),
+                                             ({"verification": "diversed", "head": "nope"}, "head")])
+def test_a_head_the_server_has_not_loaded_is_named_in_the_field_that_named_it(pair, body, param):
+    server = Server(pair, ServerConfig(heads={}))
+    server.heads["mine"] = lambda h_draft, h_target: torch.ones(h_draft.shape[:2])
+    with pytest.raises(BadRequest) as caught:
+        server.job(server.call({"prompt": "t1 t2"} | body, False))
+    error = caught.value
+    assert (error.status, error.param, error.code) == (400, param, "head_not_found")
+    assert error.message == "no head named 'nope' is loaded (loaded: mine)"

@@ -160,7 +160,7 @@ class Server:
             heads = {**self.heads, None: self.heads.get("default", next(iter(self.heads.values()), None))}
             job, = admit(call.request, self.pair, heads)
         except HeadNotFound as error:
-            raise BadRequest(error.message_for(call.head_field), call.head_field, "head_not_found") from None
+            raise BadRequest(error.message_for("head"), call.head_field, "head_not_found") from None
         except RequestError as error:
             code = "context_length_exceeded" if isinstance(error, ContextTooLong) else None
             raise BadRequest(*request_error(error, call.chat), code) from None
