@@ -72,7 +72,7 @@ def admit(request: Request, pair: Pair, heads: Mapping[str | None, Head] | None 
                             torch.Generator(device=target.device).manual_seed(seed), head, request.max_drafts,
                             request.drafter)
         jobs.append(Job(ids, policy, request.max_new_tokens or room, stop_checker(tokenizer, request.stop),
-                        prediction=predicted, provenance=request.provenance))
+                        prediction=predicted, provenance=request.provenance, cache_prompt=request.cache_prompt))
     return jobs
 
 

@@ -258,6 +258,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="llama.cpp (.gguf files as they are quantized; the default on a CPU for the built-in "
                              "pair and .gguf files) or transformers (hub ids, folders, .gguf converted)")
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
+    parser.add_argument("--cache-ram", type=int, metavar="MIB",
+                        help="llama.cpp: each model's prompt cache, in MiB of KV memory, for prompts that begin "
+                             "with what an earlier one read (llama-server's flag; 0 turns it off; default "
+                             "1024)")
     parser.add_argument("--draft-quant", choices=QUANTIZATIONS,
                         help="llama.cpp: the built-in draft requantized to fewer bits (a cheaper step; made once)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")
@@ -542,7 +546,8 @@ def _check_load_options(args: argparse.Namespace) -> str:
     from diversed.models.options import check_load_options
 
     return check_load_options(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
-                              draft_vocab=args.draft_vocab, threads=args.threads, draft_quant=args.draft_quant)
+                              draft_vocab=args.draft_vocab, threads=args.threads, draft_quant=args.draft_quant,
+                              cache_ram=args.cache_ram)
 
 
 def _load(args: argparse.Namespace):
@@ -553,6 +558,7 @@ def _load(args: argparse.Namespace):
     with tqdm(total=1, desc="loading models", file=sys.stderr, bar_format="{desc}: {elapsed}") as bar:
         pair = load_pair(args.draft, args.target, backend=args.backend, dtype=args.dtype, device=args.device,
                          draft_vocab=args.draft_vocab, draft_int8=args.draft_int8, threads=args.threads,
+                         cache_ram=args.cache_ram,
                          draft_quant=args.draft_quant)
         bar.update()
     return pair

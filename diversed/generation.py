@@ -61,6 +61,7 @@ def generate(
     prediction: str | Sequence[str | None] | None = None,
     provenance: bool = False,
     costs: CostMemory | None = None,
+    cache_prompt: bool = True,
 ) -> list[Completion]:
     """Generate a completion for each prompt (a string, or a conversation: chat messages with role and content)
     with the pair and a verification ("plain", "exact", "static:0.7",
@@ -89,11 +90,13 @@ def generate(
     drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
     alone, with the probabilities behind it (diversed.decoding.provenance).
     costs: the speed schedule's measured costs to start from and add to (CostMemory; None: this call's own).
+    cache_prompt: start from what the backend's prompt cache holds of each prompt (llama.cpp; metrics'
+    cached_tokens counts it), reading only the rest; False: read every prompt whole.
     """
     request = Request.of(prompts, verification=verification, drafter=drafter, temperature=temperature, top_k=top_k,
                          top_p=top_p, draft_length=draft_length, drafting=drafting, max_new_tokens=max_new_tokens,
                          stop=stop, seed=seed, prediction=prediction, provenance=provenance, chat=chat, system=system,
-                         batch_size=batch_size)
+                         batch_size=batch_size, cache_prompt=cache_prompt)
     heads = None if head is None else {request.verification.head: head}
     return run(pair, request, heads=heads, profile=profile, on_text=on_text, on_tokens=on_tokens, cache=cache,
                costs=costs)

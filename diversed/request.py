@@ -441,7 +441,8 @@ class Request:
     does; seed: None for a random one; predictions: per prompt, what its answer is expected to repeat
     (Predicted Outputs), or None; provenance: say how each token was made; chat: wrap prompts in the chat
     template (None: where the tokenizer has one); system: a system message for it; batch_size: prompts decoded
-    together."""
+    together; cache_prompt: start from what the backend's prompt cache holds of each prompt (llama-server's
+    field; False: read it whole)."""
 
     prompts: tuple[str | list[dict], ...]
     verification: Verification = Verification()
@@ -457,6 +458,7 @@ class Request:
     chat: bool | None = None
     system: str | None = None
     batch_size: int = 1
+    cache_prompt: bool = True
 
     def __post_init__(self) -> None:
         def canonical(name: str, value) -> None:
@@ -475,8 +477,8 @@ class Request:
                 _check_integer(name, getattr(self, name), low)
         canonical("stop", _stop(self.stop))
         canonical("predictions", _predictions(self.predictions, len(self.prompts), self.verification, self.drafter))
-        for name in ("provenance", "chat"):
-            if not isinstance(getattr(self, name), bool) and (name == "provenance" or self.chat is not None):
+        for name in ("provenance", "chat", "cache_prompt"):
+            if not isinstance(getattr(self, name), bool) and (name != "chat" or self.chat is not None):
                 raise RequestError(name, f"{{}} must be true or false, got {_show(getattr(self, name))}")
         if self.system is not None:
             _check_text("system", "{}", self.system)
@@ -489,12 +491,13 @@ class Request:
            draft_length: int | None = None, drafting: Drafting | None = None, max_drafts: int | None = None,
            max_new_tokens: int | None = None, stop: str | Sequence[str] = (), seed: int | None = 0,
            prediction: str | Sequence[str | None] | None = None, provenance: bool = False,
-           chat: bool | None = None, system: str | None = None, batch_size: int = 1) -> Request:
+           chat: bool | None = None, system: str | None = None, batch_size: int = 1,
+           cache_prompt: bool = True) -> Request:
         """generate()'s words: a prompt or a list of them, a verification's spelling, the sampling numbers, the
         drafting as N drafts a round (draft_length) or a Drafting, one prediction for every prompt or one each."""
         return cls(prompts, verification, Sampling(temperature, top_k, top_p), drafter,
                    as_drafting(draft_length, drafting), max_drafts,
-                   max_new_tokens, stop, seed, prediction, provenance, chat, system, batch_size)
+                   max_new_tokens, stop, seed, prediction, provenance, chat, system, batch_size, cache_prompt)
 
 
 def as_drafting(draft_length: int | Drafting | None, drafting: Drafting | None = None) -> Drafting | None:

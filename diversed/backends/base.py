@@ -5,8 +5,9 @@ context length, end-of-sequence tokens, and `rows(B, capacity)`, an empty batch 
 that batch's KV cache: `feed` appends tokens to each row and returns the logits (and, when asked, the
 last hidden states) at the last few of them; `truncate` keeps the first n tokens of each row and forgets
 the rest (the rollback after a rejection); `select` keeps some rows (finished ones leave) and `extend`
-adds empty ones (a request joins a running batch). Rows advance independently: every row sees exactly
-its own tokens at positions 0, 1, 2, ... as if it ran alone.
+adds empty ones (a request joins a running batch), which `reuse` may start from a prompt's prefix that a
+row gone before held (a backend's prompt cache). Rows advance independently: every row sees exactly its own
+tokens at positions 0, 1, 2, ... as if it ran alone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class Rows(Protocol):
 
     def extend(self, count: int) -> None:
         """Add `count` empty rows after the existing ones."""
+
+    def reuse(self, row: int, prompt: Sequence[int]) -> int:
+        """Give an empty row the longest prefix of `prompt` (less its last token) that the backend's prompt
+        cache holds from rows gone before; how many tokens the row now holds (0: none, or no cache)."""
 
 
 class Model(Protocol):

@@ -99,6 +99,9 @@ class TransformersRows:
         self.cache.batch_select_indices(index)
         self.valid = self.valid[index]
 
+    def reuse(self, row: int, prompt: Sequence[int]) -> int:
+        return 0  # no prompt cache here: every row reads its whole prompt
+
     def extend(self, count: int) -> None:
         if not len(self.valid):  # an emptied batch starts afresh (its cache would keep a batch size of 0)
             self.cache, self.valid = DynamicCache(), self.valid.new_zeros(0, 0)

@@ -22,7 +22,7 @@ import ctypes
 import os
 import warnings
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +35,10 @@ from diversed.cpu import virtualized
 
 # Positions each row may hold unless asked otherwise: a long prompt and 512 new tokens fit with room.
 DEFAULT_CONTEXT = 4096
+# The prompt cache's default bound in MiB of each model's KV memory (llama-server's --cache-ram; it keeps 8192 in
+# host memory): the cells of finished rows, kept for the prompts that begin with them. It is allocated with the
+# context, so it is kept small: at most two contexts' worth of cells a row.
+DEFAULT_CACHE_MIB = 1024
 
 
 # llama.cpp logs every load to stderr. We keep its last lines instead, to explain our own errors.
@@ -95,7 +99,8 @@ class LlamaCppModel:
 
     context: positions per row. threads: llama.cpp's threads (default: every core of the process).
     extra_buffers: llama.cpp's extra buffer types (repacked weights, AMX), its `use_extra_bufts` (default:
-    on, unless this build's AMX kernels would fault here: extra_buffers_safe)."""
+    on, unless this build's AMX kernels would fault here: extra_buffers_safe). cache_mib: the prompt cache's
+    bound in MiB of KV memory (PromptCache; 0: none)."""
 
     backend = "llama.cpp"
     # On a CPU llama.cpp's matrix kernels take a pass's tokens 16 at a time and the rest more slowly: a pass over
@@ -103,12 +108,15 @@ class LlamaCppModel:
     pass_tile = 16
 
     def __init__(self, path: str | Path, name: str = "", *, context: int = DEFAULT_CONTEXT,
-                 threads: int | None = None, extra_buffers: bool | None = None) -> None:
+                 threads: int | None = None, extra_buffers: bool | None = None,
+                 cache_mib: int = DEFAULT_CACHE_MIB) -> None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if cache_mib < 0:
+            raise ValueError(f"cache_mib must be >= 0 (0: no prompt cache), got {cache_mib}")
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
         if extra_buffers is None:
@@ -131,6 +139,12 @@ class LlamaCppModel:
         self.eos_token_ids = tuple(sorted({t for t in special if t >= 0}))
         self.device = torch.device("cpu")
         self.threads = threads or default_threads()
+        n_head = llama.llama_model_n_head(self._model)
+        # f16 keys and values (llama.cpp's default cache type) of every layer's KV heads
+        self.kv_bytes_per_token = (2 * 2 * llama.llama_model_n_layer(self._model)
+                                   * llama.llama_model_n_head_kv(self._model) * self.hidden_size // max(n_head, 1))
+        self.cache_mib = cache_mib
+        self.cache: PromptCache | None = None
         # What this model's measured speed depends on (diversed.decoding.schedule keeps costs by it): the file as
         # loaded, and the threads.
         stat = path.stat()
@@ -161,10 +175,13 @@ class LlamaCppModel:
         taken, self._free_seqs = self._free_seqs[:count], self._free_seqs[count:]
         return taken
 
-    def _give_back(self, seqs: list[int], context) -> None:
-        """Empty these sequence ids and return them to the free ones (if they belong to the live context)."""
+    def _give_back(self, seqs: list[int], tokens: list[list[int]], context) -> None:
+        """Offer what these sequence ids hold (`tokens`, one list each) to the prompt cache, empty them and return
+        them to the free ones (if they belong to the live context)."""
         if context is self._context and context:
-            for seq in seqs:
+            for seq, held in zip(seqs, tokens, strict=True):
+                if self.cache is not None:
+                    self.cache.keep(seq, held)
                 llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
             self._free_seqs += seqs
 
@@ -173,9 +190,13 @@ class LlamaCppModel:
             self._held[0] = None
             llama.llama_free(self._context)
             self._context = None
+        # The prompt cache's sequences: two a row (a conversation's turn, and another prefix), within llama.cpp's
+        # limit; its cells: what cache_mib holds, at most a context each.
+        slots = min(2 * sequences, llama.llama_max_parallel_sequences() - sequences) if self.cache_mib else 0
+        budget = min(self.cache_mib * 2**20 // self.kv_bytes_per_token, slots * self.context_length)
         params = llama.llama_context_default_params()
-        params.n_seq_max = sequences
-        params.n_ctx = self.context_length * sequences
+        params.n_seq_max = sequences + slots
+        params.n_ctx = self.context_length * sequences + budget
         params.n_batch = params.n_ctx  # a whole batch of prompts is one decode call
         params.n_threads = params.n_threads_batch = self.threads
         params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
@@ -190,6 +211,7 @@ class LlamaCppModel:
                                f"positions for {self.name} (out of memory?)")
         self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
         self._free_seqs = list(range(sequences))
+        self.cache = PromptCache(self._memory, list(range(sequences, sequences + slots)), budget) if budget else None
         self._held[0] = self._context
 
     def _decode(self, rows: Sequence[tuple[int, int, Sequence[int]]], outputs: int, hidden: bool
@@ -228,16 +250,27 @@ class LlamaCppModel:
         return states, logits
 
 class LlamaCppRows:
-    """A batch of rows of one LlamaCppModel: row r is sequence id `seq[r]` of the model's context."""
+    """A batch of rows of one LlamaCppModel: row r is sequence id `seq[r]` of the model's context, holding the
+    tokens `tokens[r]`."""
 
     def __init__(self, model: LlamaCppModel, seqs: list[int]) -> None:
-        self.model, self.seq, self._lengths = model, seqs, [0] * len(seqs)
-        # The sequence ids go back to the model when the batch is dropped (self.seq is edited in place).
-        weakref.finalize(self, model._give_back, self.seq, model._context)
+        self.model, self.seq, self.tokens = model, seqs, [[] for _ in seqs]
+        # The sequence ids go back to the model when the batch is dropped (both lists are edited in place).
+        weakref.finalize(self, model._give_back, self.seq, self.tokens, model._context)
 
     @property
     def lengths(self) -> list[int]:
-        return list(self._lengths)
+        return [len(t) for t in self.tokens]
+
+    def reuse(self, row: int, prompt: Sequence[int]) -> int:
+        """Give an empty row the longest prefix of `prompt` the prompt cache holds, less its last token (which
+        the row's first feed reads, for its logits); how many tokens the row now holds."""
+        cache = self.model.cache
+        seq, n = (None, 0) if cache is None or self.tokens[row] else cache.longest(prompt[:-1])
+        if n:
+            llama.llama_memory_seq_cp(self.model._memory, seq, self.seq[row], 0, n)
+            self.tokens[row] = list(prompt[:n])
+        return n
 
     def feed(self, tokens: Sequence[Sequence[int]], outputs: int, hidden: bool = False
              ) -> tuple[Tensor | None, Tensor]:
@@ -245,29 +278,86 @@ class LlamaCppRows:
             # With embeddings on, llama.cpp outputs (projects onto the vocabulary) every token of a batch: the
             # tokens before the outputs (a prompt, mostly) go first, in a decode with embeddings off.
             before = [t[:len(t) - outputs] for t in tokens]
-            self.model._decode([(seq, n, b) for seq, n, b in zip(self.seq, self._lengths, before, strict=True)
-                                if b], 0, False)
-            self._lengths = [n + len(b) for n, b in zip(self._lengths, before, strict=True)]
+            self.model._decode([(seq, len(held), b) for seq, held, b in zip(self.seq, self.tokens, before,
+                                                                             strict=True) if b], 0, False)
+            for held, b in zip(self.tokens, before, strict=True):
+                held += b
             tokens = [t[len(t) - outputs:] for t in tokens]
-        out = self.model._decode(list(zip(self.seq, self._lengths, tokens, strict=True)), outputs, hidden)
-        self._lengths = [n + len(t) for n, t in zip(self._lengths, tokens, strict=True)]
+        out = self.model._decode([(seq, len(held), t) for seq, held, t in zip(self.seq, self.tokens, tokens,
+                                                                                 strict=True)], outputs, hidden)
+        for held, t in zip(self.tokens, tokens, strict=True):
+            held += t
         return out
 
     def truncate(self, lengths: Sequence[int]) -> None:
-        for row, (seq, held, keep) in enumerate(zip(self.seq, self._lengths, lengths, strict=True)):
-            if keep < held:
+        for seq, held, keep in zip(self.seq, self.tokens, lengths, strict=True):
+            if keep < len(held):
                 llama.llama_memory_seq_rm(self.model._memory, seq, keep, -1)
-                self._lengths[row] = keep
+                del held[keep:]
 
     def select(self, rows: Sequence[int]) -> None:
-        dropped = [seq for row, seq in enumerate(self.seq) if row not in set(rows)]
+        kept = set(rows)
+        dropped = [(seq, held) for row, (seq, held) in enumerate(zip(self.seq, self.tokens, strict=True))
+                   if row not in kept]
         self.seq[:] = [self.seq[r] for r in rows]
-        self._lengths = [self._lengths[r] for r in rows]
-        self.model._give_back(dropped, self.model._context)
+        self.tokens[:] = [self.tokens[r] for r in rows]
+        self.model._give_back([seq for seq, _ in dropped], [held for _, held in dropped], self.model._context)
 
     def extend(self, count: int) -> None:
         self.seq += self.model._take(count)
-        self._lengths += [0] * count
+        self.tokens += [[] for _ in range(count)]
+
+
+class PromptCache:
+    """The KV cells of finished rows, kept so that a row whose prompt begins with one of them reads only the
+    rest (llama-server's prompt cache, vLLM's prefix caching). Each entry is a token list held by a sequence id
+    of the context's own (`slots`): a finished row's cells are copied to it (llama.cpp's unified KV buffer lets
+    sequences share cells), and a new row copies an entry's first cells. At most `budget` tokens in all,
+    counted as if entries shared no cells, so that the context's cells for them never run out; the least
+    recently used entry goes first. A live row's copy of an entry's cells stays the row's when the entry goes."""
+
+    def __init__(self, memory, slots: list[int], budget: int) -> None:
+        self.memory, self.free, self.budget = memory, list(slots), budget
+        self.entries: OrderedDict[int, list[int]] = OrderedDict()  # sequence id -> tokens, least recent first
+        self.held = 0
+
+    def longest(self, tokens: Sequence[int]) -> tuple[int | None, int]:
+        """The entry holding the longest prefix of `tokens`, and its length (None, 0: none)."""
+        best, length = None, 0
+        for seq, held in self.entries.items():
+            if (n := _common_prefix(held, tokens)) > length:
+                best, length = seq, n
+        if best is not None:
+            self.entries.move_to_end(best)
+        return best, length
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        """Keep what sequence `seq` holds (`tokens`), unless an entry holds it already; an entry it extends goes."""
+        if not tokens or len(tokens) > self.budget:
+            return
+        for entry, held in list(self.entries.items()):
+            if _common_prefix(held, tokens) == len(tokens):  # held already
+                self.entries.move_to_end(entry)
+                return
+            if _common_prefix(held, tokens) == len(held):  # this one goes further
+                self._drop(entry)
+        while self.entries and (not self.free or self.held + len(tokens) > self.budget):
+            self._drop(next(iter(self.entries)))
+        entry = self.free.pop()
+        llama.llama_memory_seq_cp(self.memory, seq, entry, 0, len(tokens))
+        self.entries[entry], self.held = list(tokens), self.held + len(tokens)
+
+    def _drop(self, entry: int) -> None:
+        self.held -= len(self.entries.pop(entry))
+        llama.llama_memory_seq_rm(self.memory, entry, -1, -1)
+        self.free.append(entry)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    return int(np.argmin(np.asarray(a[:n]) == np.asarray(b[:n])))
 
 
 # Cheaper weights for a draft (llama.cpp's own quantizer): a draft's precision changes how often its tokens are

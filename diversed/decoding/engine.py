@@ -140,7 +140,9 @@ class Job:
     the Round (None for a step of the target alone) and the tokens it emitted (what a trainer keeps). Set
     `cancelled` from any thread: the job leaves the batch before the next round. prediction: the token ids the
     answer is expected to repeat (Predicted Outputs), for the drafter. provenance: keep `origins`, how each
-    token was made (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them)."""
+    token was made (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them).
+    cache_prompt: start from the longest prefix of the prompt the target's prompt cache holds
+    (diversed.backends: `Rows.reuse`; stats.cached_tokens counts it), reading only the rest."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
@@ -152,6 +154,7 @@ class Job:
     error: str = ""
     prediction: list[int] | None = None
     provenance: bool = False
+    cache_prompt: bool = True
     tokens: list[int] = field(default_factory=list)
     origins: list[TokenOrigin] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
@@ -233,9 +236,11 @@ class Batch:
         job.started = time.perf_counter()
         self.jobs.append(job)
         self.target_rows.extend(1)
+        cached = self.target_rows.reuse(len(self.jobs) - 1, job.prompt) if job.cache_prompt else 0
+        job.stats.cached_tokens = cached
         if self.drafter is not None:
             self.drafter.add(job.prompt, job.prediction)
-        self.pending.append(list(job.prompt))
+        self.pending.append(list(job.prompt[cached:]))
         self._joined = True
 
     @torch.inference_mode()

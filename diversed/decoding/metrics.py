@@ -31,6 +31,7 @@ class SequenceStats:
     rule_tokens: int = 0
     target_tokens: int = 0
     drafters: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, kept]
+    cached_tokens: int = 0  # prompt tokens the target's prompt cache held (not read again)
 
     def add_round(self, drafted: int, accepted: int, draft_forwards: int, drafter: str | None = None) -> None:
         """Record one round in which `drafted` drafts (by `drafter`) were offered and the first `accepted` kept."""
@@ -75,6 +76,7 @@ class SequenceStats:
             "target_tokens": self.target_tokens,
             "drafters": {name: {"drafted": d, "accepted": a} for name, (d, a) in sorted(self.drafters.items())},
             "finish_reason": self.finish_reason,
+            "cached_tokens": self.cached_tokens,
         }
 
 

@@ -58,13 +58,15 @@ class Pair:
 
 def load_pair(draft: str | None = None, target: str | None = None, *, backend: str | None = None,
               dtype: str = "float16", device: str = "cpu", onednn: bool = True, draft_vocab: int | None = None,
-              draft_int8: bool = True, threads: int | None = None, draft_quant: str | None = None) -> Pair:
+              draft_int8: bool = True, threads: int | None = None, draft_quant: str | None = None,
+              cache_ram: int | None = None) -> Pair:
     """Load a draft and a target on a backend: "llama.cpp" (.gguf files, run as they are quantized) or
     "transformers" (hub ids, local folders or .gguf files, converted once); None picks default_backend's.
     The built-in default pair (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
 
     llama.cpp: threads, for both models (default: the machine's cores); draft_quant: the default pair's draft
-    requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once). The options below are the
+    requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once); cache_ram: each model's prompt cache,
+    MiB of KV memory (0: none; default: diversed.backends.llama_cpp.DEFAULT_CACHE_MIB). The options below are the
     transformers backend's: draft_vocab is refused on llama.cpp, and dtype, onednn and draft_int8 do not
     apply there (the GGUF files run as they are quantized).
     transformers: dtype: "float16" (default; on a
@@ -79,9 +81,10 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     Raises ValueError if only one is named, if their tokenizers differ, or for options the backend lacks.
     """
     backend = check_load_options(draft, target, backend=backend, dtype=dtype, device=device,
-                                 draft_vocab=draft_vocab, threads=threads, draft_quant=draft_quant)
+                                 draft_vocab=draft_vocab, threads=threads, draft_quant=draft_quant,
+                                 cache_ram=cache_ram)
     if backend == "llama.cpp":
-        return _load_llama_cpp_pair(draft, target, threads=threads, draft_quant=draft_quant)
+        return _load_llama_cpp_pair(draft, target, threads=threads, draft_quant=draft_quant, cache_ram=cache_ram)
     if draft is None:
         draft_dir, target_dir = prepare_default_pair()
         draft, target = str(draft_dir), str(target_dir)
@@ -95,8 +98,8 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
 
 
 def _load_llama_cpp_pair(draft: str | None, target: str | None, *, threads: int | None,
-                         draft_quant: str | None) -> Pair:
-    from diversed.backends.llama_cpp import LlamaCppModel
+                         draft_quant: str | None, cache_ram: int | None) -> Pair:
+    from diversed.backends.llama_cpp import DEFAULT_CACHE_MIB, LlamaCppModel
 
     if draft is None:
         paths = (default_draft_gguf(draft_quant), default_gguf(DEFAULT_TARGET))
@@ -109,8 +112,9 @@ def _load_llama_cpp_pair(draft: str | None, target: str | None, *, threads: int 
         names = tuple(_name(str(p)) for p in paths)
         tokenizers = [_gguf_tokenizer(p) for p in paths]
     check_same_tokenizer(*tokenizers, str(paths[0]), str(paths[1]))
-    draft_model = LlamaCppModel(paths[0], name=names[0], threads=threads)
-    target_model = LlamaCppModel(paths[1], name=names[1], threads=threads)
+    cache_mib = DEFAULT_CACHE_MIB if cache_ram is None else cache_ram
+    draft_model = LlamaCppModel(paths[0], name=names[0], threads=threads, cache_mib=cache_mib)
+    target_model = LlamaCppModel(paths[1], name=names[1], threads=threads, cache_mib=cache_mib)
     return Pair(draft_model, target_model, tokenizers[1], names[0], names[1])
 
 

@@ -36,7 +36,8 @@ def default_backend(device: str = "cpu", draft: str | None = None, target: str |
 
 def check_load_options(draft: str | None, target: str | None, *, backend: str | None = None,
                        dtype: str = "float16", device: str = "cpu", draft_vocab: int | None = None,
-                       threads: int | None = None, draft_quant: str | None = None) -> str:
+                       threads: int | None = None, draft_quant: str | None = None,
+                       cache_ram: int | None = None) -> str:
     """Check load_pair's arguments before anything loads; return the backend to use. A ValueError (or
     FileNotFoundError) names the argument, the value and what is accepted."""
     if (draft is None) != (target is None):
@@ -57,9 +58,10 @@ def check_load_options(draft: str | None, target: str | None, *, backend: str | 
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
-    for name, value, high in (("draft_vocab", draft_vocab, 2**31), ("threads", threads, 1024)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
-            raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
+    for name, value, low, high in (("draft_vocab", draft_vocab, 1, 2**31), ("threads", threads, 1, 1024),
+                                   ("cache_ram", cache_ram, 0, 2**31)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     if draft_quant is not None and draft_quant not in QUANTIZATIONS:
         raise ValueError(f"draft_quant must be one of {QUANTIZATIONS}, got {draft_quant!r}")
     if backend == "llama.cpp":
@@ -80,6 +82,9 @@ def check_load_options(draft: str | None, target: str | None, *, backend: str | 
                          "transformers use --draft-int8")
     if threads is not None and backend != "llama.cpp":
         raise ValueError("--threads sets llama.cpp's threads; transformers uses torch's (OMP_NUM_THREADS)")
+    if cache_ram is not None and backend != "llama.cpp":
+        raise ValueError("--cache-ram sizes llama.cpp's prompt cache; the transformers backend reads every prompt "
+                         "whole")
     return backend
 
 

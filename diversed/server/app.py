@@ -195,6 +195,9 @@ class _Events:
         if job.finished:
             stats = job.stats
             metrics.requests.labels(stats.finish_reason).inc()
+            if job.cache_prompt:  # as vLLM counts them: prompt tokens looked up, and found
+                metrics.prefix_cache_queries.inc(len(job.prompt))
+                metrics.prefix_cache_hits.inc(stats.cached_tokens)
             metrics.e2e_latency.observe(now - self.arrived)
             if job.policy.drafts:
                 metrics.record_rounds(job.policy.verification, stats.drafted, stats.accepted,
@@ -349,7 +352,8 @@ def _speculative(job: Job) -> dict:
 
 def _usage(job: Job) -> dict:
     return usage(len(job.prompt), len(job.tokens),
-                 None if job.prediction is None else prediction_tokens(job.prediction, job.tokens))
+                 None if job.prediction is None else prediction_tokens(job.prediction, job.tokens),
+                 job.stats.cached_tokens)
 
 
 async def _whole(server: Server, request: Request, job: Job, events: _Events, reply: Reply,

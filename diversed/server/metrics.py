@@ -31,6 +31,10 @@ class Metrics:
         self.prompt_tokens = Counter("diversed:prompt_tokens", "Prompt tokens of admitted requests.",
                                      registry=registry)
         self.generation_tokens = Counter("diversed:generation_tokens", "Generated tokens.", registry=registry)
+        self.prefix_cache_queries = Counter("diversed:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prompt cache.", registry=registry)
+        self.prefix_cache_hits = Counter("diversed:prefix_cache_hits",
+                                         "Prompt tokens the prompt cache held (not read again).", registry=registry)
         self.time_to_first_token = Histogram("diversed:time_to_first_token_seconds",
                                              "From arrival to the first generated token.",
                                              buckets=_LATENCY_BUCKETS, registry=registry)

@@ -9,9 +9,10 @@ dial travels as extra body fields (what the openai client sends through `extra_b
 rule as `--verification` spells it (a head's strictness shift included: `diversed:gsm8k@+1`), `head`, the name
 of a head the server loaded, and `max_drafts`, a cap on the drafts per round for this request (`draft_length`,
 its name until this release, still works).
-`prediction` is OpenAI's Predicted Outputs, on both endpoints. `provenance: true` (an extension, off by default)
-adds to each choice, and to each streamed chunk's choice, `provenance`: how each new token was made
-(diversed.decoding.provenance.records).
+`prediction` is OpenAI's Predicted Outputs, on both endpoints. `cache_prompt` (llama-server's field, default
+true) starts from what the prompt cache holds of the prompt; usage.prompt_tokens_details.cached_tokens counts
+it. `provenance: true` (an extension, off by default) adds to each choice, and to each streamed chunk's
+choice, `provenance`: how each new token was made (diversed.decoding.provenance.records).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ _ENDPOINT_NEUTRAL = {
 _IGNORED = {"user": (str, "a string"), "metadata": (dict, "an object"), "store": (bool, "true or false"),
             "service_tier": (str, "a string")}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-           "verification", "head", "max_drafts", "draft_length", "drafter", "prediction", "provenance", *_NEUTRAL,
+           "verification", "head", "max_drafts", "draft_length", "drafter", "prediction", "provenance", "cache_prompt",
+           *_NEUTRAL,
            *_IGNORED}
 _FIELDS = {False: _COMMON | {"prompt", *_ENDPOINT_NEUTRAL[False]},
            True: _COMMON | {"messages", "max_completion_tokens", *_ENDPOINT_NEUTRAL[True]}}
@@ -126,7 +128,7 @@ def parse_call(body, chat: bool, verification: Verification, drafting: Drafting,
                                    _given(body, "top_p", 1.0)),
                           _given(body, "drafter", drafter), drafting, _max_drafts(body), max_tokens,
                           _given(body, "stop", ()), body.get("seed"), _prediction(body),
-                          _given(body, "provenance", False), chat)
+                          _given(body, "provenance", False), chat, cache_prompt=_given(body, "cache_prompt", True))
     except RequestError as error:
         if error.field == "max_new_tokens" and body.get("max_tokens") is None and chat:  # sent under its new name
             raise BadRequest(error.message_for("max_completion_tokens"), "max_completion_tokens") from error
@@ -282,10 +284,13 @@ def _with(choice: dict, provenance: list[dict] | None) -> dict:
     return choice if provenance is None else {**choice, "provenance": provenance}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None) -> dict:
-    """OpenAI's usage object; with a prediction's (accepted, rejected) tokens, its completion_tokens_details."""
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None = None,
+          cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object, with the prompt tokens the prompt cache held (prompt_tokens_details); with a
+    prediction's (accepted, rejected) tokens, its completion_tokens_details."""
     counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-              "total_tokens": prompt_tokens + completion_tokens}
+              "total_tokens": prompt_tokens + completion_tokens,
+              "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if prediction is not None:
         counts["completion_tokens_details"] = {"accepted_prediction_tokens": prediction[0],
                                                "rejected_prediction_tokens": prediction[1]}

@@ -33,6 +33,7 @@ class ModelDrafter:
 
     def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
         self.rows.extend(1)
+        self.rows.reuse(len(self.texts), prompt)  # what the draft's prompt cache holds is not fed again
         self.texts.append(list(prompt))
 
     def select(self, rows: Sequence[int]) -> None:
