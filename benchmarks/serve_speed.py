@@ -1,7 +1,8 @@
 """Server throughput and latency: `diversed serve` against llama.cpp's own `llama-server`, on the default pair's
 GGUF files, at 1, 4 and 8 concurrent streaming clients (1 = the requests one after another).
 
-Prompt caching is off on llama-server (each level sends the same prompts); ours keeps no prompt cache.
+Prompt caching is off on both servers (`cache_prompt: false`): each level sends the same prompts, and reusing
+their KV would skip the prefill (benchmarks/chat_speed.py measures the caches).
 Each server runs alone (one process at a time: on 2 cores a second one would distort every timing), loads,
 answers one warm-up request, then takes each level of concurrency in turn; `--rounds` repeats the whole
 sequence with the servers in reversed order, so that drift in the machine shows. Every client level sends
@@ -156,7 +157,7 @@ def main() -> None:
     batch = str(max(args.clients))
     threads = str(default_threads())
     servers = {"diversed serve": ([sys.executable, "-m", "diversed.cli", "serve", "--max-batch", batch],
-                                  [{"verification": rule} for rule in args.rules])}
+                                  [{"verification": rule, "cache_prompt": False} for rule in args.rules])}
     if args.llama_server:
         binary = Path(args.llama_server)
         # One slot per client, each with room for a prompt and 128 tokens; 2 threads like ours.
