@@ -259,9 +259,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "pair and .gguf files) or transformers (hub ids, folders, .gguf converted)")
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: every core)")
     parser.add_argument("--cache-ram", type=int, metavar="MIB",
-                        help="llama.cpp: each model's prompt cache, in MiB of KV memory, for prompts that begin "
-                             "with what an earlier one read (llama-server's flag; 0 turns it off; default "
-                             "1024)")
+                        help="each model's prompt cache, in MiB of KV memory (host memory on transformers), for "
+                             "prompts that begin with what an earlier one read (llama-server's flag; 0 turns it "
+                             "off; default 1024)")
     parser.add_argument("--draft-quant", choices=QUANTIZATIONS,
                         help="llama.cpp: the built-in draft requantized to fewer bits (a cheaper step; made once)")
     parser.add_argument("--draft", help="draft model: hub id, folder or .gguf (default: built-in pair)")

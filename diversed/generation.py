@@ -90,8 +90,8 @@ def generate(
     drafter), kept by a relaxed rule where exact would have rejected it, a correction, a bonus, or the target
     alone, with the probabilities behind it (diversed.decoding.provenance).
     costs: the speed schedule's measured costs to start from and add to (CostMemory; None: this call's own).
-    cache_prompt: start from what the backend's prompt cache holds of each prompt (llama.cpp; metrics'
-    cached_tokens counts it), reading only the rest; False: read every prompt whole.
+    cache_prompt: start from what the backend's prompt cache holds of each prompt (metrics' cached_tokens
+    counts it), reading only the rest; False: read every prompt whole.
     """
     request = Request.of(prompts, verification=verification, drafter=drafter, temperature=temperature, top_k=top_k,
                          top_p=top_p, draft_length=draft_length, drafting=drafting, max_new_tokens=max_new_tokens,

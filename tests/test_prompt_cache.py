@@ -1,6 +1,6 @@
-"""The llama.cpp backend's prompt cache: a row that starts from a cached prefix reads only the rest of its
-prompt and gets what a cold read gives, up to llama.cpp's own batch-shape noise; the cache stays within its
-bound, least recently used out; a row dropped mid-prompt leaves a cache that is still right; concurrent
+"""Each backend's prompt cache: a row that starts from a cached prefix reads only the rest of its prompt and
+gets what a cold read gives, up to the backend's own batch-shape noise; the cache stays within its bound,
+least recently used out; a row dropped mid-prompt leaves a cache that is still right; concurrent
 conversations each keep their own prefix; the decoding loop counts what it reused."""
 
 import urllib.request
@@ -8,13 +8,15 @@ import urllib.request
 import pytest
 import torch
 
+from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import LlamaCppModel
+from diversed.backends.prompt_cache import PromptCache
 from diversed.decoding.engine import decode
 from diversed.request import Drafting, Sampling, Verification
 
 from tiny import tiny_gguf, tiny_model
 
-ATOL = 2e-3  # llama.cpp's float32 sums differ in their last bits with a pass's shape
+ATOL = 2e-3  # float32 sums differ in their last bits with a pass's shape (llama.cpp; MKL's matrix kernels)
 
 
 @pytest.fixture(scope="module")
@@ -22,33 +24,71 @@ def path(tmp_path_factory):
     return tiny_gguf(tiny_model(0), tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
+@pytest.fixture(scope="module", params=["llama.cpp", "transformers"])
+def backend(request, path):
+    """A function making the tiny model on one backend: (cache_mib=...) -> Model."""
+    if request.param == "llama.cpp":
+        return lambda **options: LlamaCppModel(path, context=256, **options)
+    return lambda **options: TransformersModel(tiny_model(0), **options)
+
+
 def conversation(seed: int, length: int) -> list[int]:
     return torch.randint(3, 90, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def cold_logits(path, tokens: list[int], outputs: int = 2) -> torch.Tensor:
-    return LlamaCppModel(path, cache_mib=0, context=256).rows(1).feed([tokens], outputs)[1][0]
+def cold_logits(make, tokens: list[int], outputs: int = 2) -> torch.Tensor:
+    return make(cache_mib=0).rows(1).feed([tokens], outputs)[1][0]
 
 
-def finish(model: LlamaCppModel, prompts: list[list[int]]) -> None:
-    """Rows that read these prompts and then leave (their cells go to the cache)."""
+def finish(model, prompts: list[list[int]]) -> None:
+    """Rows that read these prompts and then leave (their KV goes to the cache)."""
     rows = model.rows(len(prompts))
     rows.feed(prompts, 1)
     rows.select([])
 
 
-def test_a_cached_prefix_gives_a_cold_reads_logits(path):
-    model = LlamaCppModel(path, context=256)
+def test_a_cached_prefix_gives_a_cold_reads_logits(backend):
+    model = backend()
     first = conversation(0, 40)
     finish(model, [first])
     follow_up = first + conversation(1, 12)
     rows = model.rows(1)
     assert rows.reuse(0, follow_up) == len(first) and rows.lengths == [len(first)]
     _, logits = rows.feed([follow_up[len(first):]], 2)
-    torch.testing.assert_close(logits[0], cold_logits(path, follow_up), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[0], cold_logits(backend, follow_up), atol=ATOL, rtol=0)
     # A prompt that ends where the entry ends still reads its last token (its logits are the first output).
     rows = model.rows(1)
     assert rows.reuse(0, first) == len(first) - 1
+
+
+class Listed(PromptCache):
+    """A prompt cache that stores its sources as they are."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(budget)
+        self.stored: dict[int, tuple] = {}
+
+    def store(self, source, count):
+        self.stored[len(self.stored)] = (source, count)
+        return len(self.stored) - 1
+
+    def release(self, key):
+        self.stored[key] = None
+
+
+def test_entries_keep_within_the_budget_least_recently_used_out():
+    cache = Listed(budget=100)
+    cache.keep([1, 2, 3] * 10, "a")  # 30
+    cache.keep([4, 5] * 20, "b")  # 40
+    assert cache.longest([1, 2, 3, 1, 9]) == (0, 4)  # "a" is now the most recent
+    cache.keep([6] * 50, "c")  # 120 > 100: "b", the least recent, goes
+    assert cache.held == 80 and list(cache.entries) == [0, 2] and cache.stored[1] is None
+    cache.keep([1, 2, 3] * 12, "a+")  # extends "a": "a" goes, its extension stays
+    assert list(cache.entries) == [2, 3] and cache.held == 86
+    cache.keep([6] * 20, "c-")  # held already (a prefix of "c"): nothing stored
+    assert len(cache.stored) == 4 and cache.stored[3] == ("a+", 36)
+    cache.keep([7] * 101, "too long")  # longer than the budget: never kept, nothing evicted for it
+    assert list(cache.entries) == [3, 2]
 
 
 def test_the_cache_keeps_within_its_bound_least_recently_used_out(path):
@@ -66,12 +106,23 @@ def test_the_cache_keeps_within_its_bound_least_recently_used_out(path):
     # After every eviction, a reused prefix still reads right.
     rows = model.rows(1)
     assert rows.reuse(0, prompts[-1] + [5, 6]) == 60
-    torch.testing.assert_close(rows.feed([[5, 6]], 1)[1][0], cold_logits(path, prompts[-1] + [5, 6], 1),
+    torch.testing.assert_close(rows.feed([[5, 6]], 1)[1][0],
+                               cold_logits(lambda **o: LlamaCppModel(path, context=64, **o), prompts[-1] + [5, 6], 1),
                                atol=ATOL, rtol=0)
 
 
-def test_a_longer_turn_replaces_the_entry_it_extends(path):
-    model = LlamaCppModel(path, context=256)
+def test_the_transformers_cache_holds_its_mib_in_host_memory():
+    model = TransformersModel(tiny_model(0), cache_mib=1)
+    # 2 (keys, values) x 2 layers x 2 KV heads x 16 per head x 4 bytes (float32)
+    assert model.kv_bytes_per_token == 512 and model.cache.budget == 2**20 // 512
+    finish(model, [conversation(5, 30)])
+    (kv,) = model.cache.kv.values()
+    assert len(kv) == 2 and all(k.device.type == "cpu" and k.shape == (2, 30, 16) for pair in kv for k in pair)
+    assert TransformersModel(tiny_model(0), cache_mib=0).cache is None
+
+
+def test_a_longer_turn_replaces_the_entry_it_extends(backend):
+    model = backend()
     turn = conversation(2, 30)
     finish(model, [turn])
     finish(model, [turn + conversation(3, 20)])
@@ -80,19 +131,20 @@ def test_a_longer_turn_replaces_the_entry_it_extends(path):
     assert len(model.cache.entries) == 1
 
 
-def test_a_row_dropped_mid_prompt_leaves_a_right_cache(path):
-    model = LlamaCppModel(path, context=256)
+def test_a_row_dropped_mid_prompt_leaves_a_right_cache(backend):
+    model = backend()
     prompt = conversation(4, 50)
     rows = model.rows(1)
     rows.feed([prompt[:20]], 1)  # cancelled after reading part of its prompt
     rows.select([])
     rows = model.rows(1)
     assert rows.reuse(0, prompt) == 20
-    torch.testing.assert_close(rows.feed([prompt[20:]], 1)[1][0], cold_logits(path, prompt, 1), atol=ATOL, rtol=0)
+    torch.testing.assert_close(rows.feed([prompt[20:]], 1)[1][0], cold_logits(backend, prompt, 1), atol=ATOL,
+                               rtol=0)
 
 
-def test_four_conversations_each_keep_their_prefix(path):
-    model = LlamaCppModel(path, context=256)
+def test_four_conversations_each_keep_their_prefix(backend):
+    model = backend()
     histories = [conversation(10 + i, 30 + 5 * i) for i in range(4)]
     finish(model, histories)
     turns = [history + conversation(20 + i, 6) for i, history in enumerate(histories)]
@@ -100,12 +152,28 @@ def test_four_conversations_each_keep_their_prefix(path):
     assert [rows.reuse(i, turn) for i, turn in enumerate(turns)] == [len(h) for h in histories]
     _, logits = rows.feed([turn[len(h):] for turn, h in zip(turns, histories, strict=True)], 1)
     for i, turn in enumerate(turns):
-        torch.testing.assert_close(logits[i], cold_logits(path, turn, 1), atol=ATOL, rtol=0)
+        torch.testing.assert_close(logits[i], cold_logits(backend, turn, 1), atol=ATOL, rtol=0)
 
 
-def test_the_loop_reads_only_what_the_cache_lacks_unless_told_not_to(path, tmp_path):
-    target = LlamaCppModel(path, context=256)
-    draft = LlamaCppModel(tiny_gguf(tiny_model(0), tmp_path / "draft.gguf"), context=256)
+def test_a_row_joining_a_running_batch_takes_its_prefix_beside_the_others(backend):
+    """The transformers batch is one slot layout: a cached prefix longer than it adds slots, holes for the
+    rows already there, and a row already running goes on as if alone."""
+    model = backend()
+    history = conversation(40, 50)
+    finish(model, [history])
+    running = conversation(41, 8)
+    rows = model.rows(1, capacity=2)
+    rows.feed([running], 1)
+    rows.extend(1)
+    turn = history + conversation(42, 4)
+    assert rows.reuse(1, turn) == len(history) and rows.lengths == [8, 50]
+    _, logits = rows.feed([[7], turn[50:]], 1)
+    torch.testing.assert_close(logits[0], cold_logits(backend, running + [7], 1), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], cold_logits(backend, turn, 1), atol=ATOL, rtol=0)
+
+
+def test_the_loop_reads_only_what_the_cache_lacks_unless_told_not_to(backend):
+    target, draft = backend(), backend()
     prompt = conversation(30, 40)
     options = dict(draft=draft, verification=Verification("exact"), sampling=Sampling(0.0), drafting=Drafting(3),
                    max_new_tokens=12)
@@ -114,7 +182,7 @@ def test_the_loop_reads_only_what_the_cache_lacks_unless_told_not_to(path, tmp_p
     follow_up = prompt + first.tokens[0] + conversation(31, 5)
     again = decode(target, [follow_up], **options)
     assert again.stats[0].cached_tokens == len(prompt) + len(first.tokens[0]) - 1  # all but the last token written
-    cold = decode(LlamaCppModel(path, context=256, cache_mib=0), [follow_up], **options)
+    cold = decode(backend(cache_mib=0), [follow_up], **options)
     assert again.tokens == cold.tokens
 
 

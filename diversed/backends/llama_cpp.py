@@ -22,7 +22,7 @@ import ctypes
 import os
 import warnings
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,15 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diversed.backends.prompt_cache import DEFAULT_CACHE_MIB, PromptCache
 from diversed.cpu import virtualized
 
 # Positions each row may hold unless asked otherwise: a long prompt and 512 new tokens fit with room.
 DEFAULT_CONTEXT = 4096
-# The prompt cache's default bound in MiB of each model's KV memory (llama-server's --cache-ram; it keeps 8192 in
-# host memory): the cells of finished rows, kept for the prompts that begin with them. It is allocated with the
-# context, so it is kept small: at most two contexts' worth of cells a row.
-DEFAULT_CACHE_MIB = 1024
-
 
 # llama.cpp logs every load to stderr. We keep its last lines instead, to explain our own errors.
 _LOG: deque[str] = deque(maxlen=12)
@@ -181,7 +177,7 @@ class LlamaCppModel:
         if context is self._context and context:
             for seq, held in zip(seqs, tokens, strict=True):
                 if self.cache is not None:
-                    self.cache.keep(seq, held)
+                    self.cache.keep(held, seq)
                 llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
             self._free_seqs += seqs
 
@@ -211,7 +207,8 @@ class LlamaCppModel:
                                f"positions for {self.name} (out of memory?)")
         self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
         self._free_seqs = list(range(sequences))
-        self.cache = PromptCache(self._memory, list(range(sequences, sequences + slots)), budget) if budget else None
+        self.cache = (LlamaCppPromptCache(self._memory, list(range(sequences, sequences + slots)), budget)
+                      if budget else None)
         self._held[0] = self._context
 
     def _decode(self, rows: Sequence[tuple[int, int, Sequence[int]]], outputs: int, hidden: bool
@@ -308,56 +305,26 @@ class LlamaCppRows:
         self.tokens += [[] for _ in range(count)]
 
 
-class PromptCache:
-    """The KV cells of finished rows, kept so that a row whose prompt begins with one of them reads only the
-    rest (llama-server's prompt cache, vLLM's prefix caching). Each entry is a token list held by a sequence id
-    of the context's own (`slots`): a finished row's cells are copied to it (llama.cpp's unified KV buffer lets
-    sequences share cells), and a new row copies an entry's first cells. At most `budget` tokens in all,
-    counted as if entries shared no cells, so that the context's cells for them never run out; the least
-    recently used entry goes first. A live row's copy of an entry's cells stays the row's when the entry goes."""
+class LlamaCppPromptCache(PromptCache):
+    """The prompt cache in sequence ids of the context's own (`slots`): a finished row's cells are copied to one
+    (llama.cpp's unified KV buffer lets sequences share cells), and a new row copies an entry's first cells.
+    The budget counts entries as if they shared no cells, so that the context's cells for them never run out."""
 
     def __init__(self, memory, slots: list[int], budget: int) -> None:
-        self.memory, self.free, self.budget = memory, list(slots), budget
-        self.entries: OrderedDict[int, list[int]] = OrderedDict()  # sequence id -> tokens, least recent first
-        self.held = 0
+        super().__init__(budget)
+        self.memory, self.free = memory, list(slots)
 
-    def longest(self, tokens: Sequence[int]) -> tuple[int | None, int]:
-        """The entry holding the longest prefix of `tokens`, and its length (None, 0: none)."""
-        best, length = None, 0
-        for seq, held in self.entries.items():
-            if (n := _common_prefix(held, tokens)) > length:
-                best, length = seq, n
-        if best is not None:
-            self.entries.move_to_end(best)
-        return best, length
+    def has_room(self, count: int) -> bool:
+        return bool(self.free) and super().has_room(count)
 
-    def keep(self, seq: int, tokens: Sequence[int]) -> None:
-        """Keep what sequence `seq` holds (`tokens`), unless an entry holds it already; an entry it extends goes."""
-        if not tokens or len(tokens) > self.budget:
-            return
-        for entry, held in list(self.entries.items()):
-            if _common_prefix(held, tokens) == len(tokens):  # held already
-                self.entries.move_to_end(entry)
-                return
-            if _common_prefix(held, tokens) == len(held):  # this one goes further
-                self._drop(entry)
-        while self.entries and (not self.free or self.held + len(tokens) > self.budget):
-            self._drop(next(iter(self.entries)))
+    def store(self, source: int, count: int) -> int:
         entry = self.free.pop()
-        llama.llama_memory_seq_cp(self.memory, seq, entry, 0, len(tokens))
-        self.entries[entry], self.held = list(tokens), self.held + len(tokens)
+        llama.llama_memory_seq_cp(self.memory, source, entry, 0, count)
+        return entry
 
-    def _drop(self, entry: int) -> None:
-        self.held -= len(self.entries.pop(entry))
-        llama.llama_memory_seq_rm(self.memory, entry, -1, -1)
-        self.free.append(entry)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    return int(np.argmin(np.asarray(a[:n]) == np.asarray(b[:n])))
+    def release(self, key: int) -> None:
+        llama.llama_memory_seq_rm(self.memory, key, -1, -1)
+        self.free.append(key)
 
 
 # Cheaper weights for a draft (llama.cpp's own quantizer): a draft's precision changes how often its tokens are

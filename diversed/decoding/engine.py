@@ -141,8 +141,9 @@ class Job:
     `cancelled` from any thread: the job leaves the batch before the next round. prediction: the token ids the
     answer is expected to repeat (Predicted Outputs), for the drafter. provenance: keep `origins`, how each
     token was made (diversed.decoding.provenance), one per token, in step with `tokens` (on_tokens sees them).
-    cache_prompt: start from the longest prefix of the prompt the target's prompt cache holds
-    (diversed.backends: `Rows.reuse`; stats.cached_tokens counts it), reading only the rest."""
+    cache_prompt: start from the longest prefix of the prompt that the target's (and the draft model's) prompt
+    cache holds (diversed.backends: `Rows.reuse`; stats.cached_tokens counts the target's), reading only the
+    rest."""
 
     prompt: list[int]
     policy: Policy = field(default_factory=Policy)
@@ -239,7 +240,7 @@ class Batch:
         cached = self.target_rows.reuse(len(self.jobs) - 1, job.prompt) if job.cache_prompt else 0
         job.stats.cached_tokens = cached
         if self.drafter is not None:
-            self.drafter.add(job.prompt, job.prediction)
+            self.drafter.add(job.prompt, job.prediction, job.cache_prompt)
         self.pending.append(list(job.prompt[cached:]))
         self._joined = True
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from diversed.backends import Model, as_model
+from diversed.backends import DEFAULT_CACHE_MIB, Model, as_model
 from diversed.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -65,10 +65,10 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     The built-in default pair (Qwen2.5-Coder 0.5B/1.5B-Instruct, offline) when neither is named.
 
     llama.cpp: threads, for both models (default: the machine's cores); draft_quant: the default pair's draft
-    requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once); cache_ram: each model's prompt cache,
-    MiB of KV memory (0: none; default: diversed.backends.llama_cpp.DEFAULT_CACHE_MIB). The options below are the
-    transformers backend's: draft_vocab is refused on llama.cpp, and dtype, onednn and draft_int8 do not
-    apply there (the GGUF files run as they are quantized).
+    requantized to "Q3_K_S" or "Q2_K" (a cheaper draft step; made once). Both: cache_ram, each model's prompt
+    cache, MiB of KV memory (0: none; default: diversed.backends.prompt_cache.DEFAULT_CACHE_MIB; transformers
+    keeps it in host memory). The options below are the transformers backend's: draft_vocab is refused on
+    llama.cpp, and dtype, onednn and draft_int8 do not apply there (the GGUF files run as they are quantized).
     transformers: dtype: "float16" (default; on a
     CPU, float16 weights with float32 arithmetic, the fastest here and within 1e-4 of float32's next-token
     distributions), "float32" (the reference) or "bfloat16". onednn: run the linear layers of float32 CPU
@@ -93,13 +93,14 @@ def load_pair(draft: str | None = None, target: str | None = None, *, backend: s
     target_tokenizer, target_model = load_model(target, dtype=dtype, device=device, onednn=onednn)
     check_same_tokenizer(draft_tokenizer, target_tokenizer, draft, target)
     draft_name, target_name = _name(draft), _name(target)
-    return Pair(as_model(draft_model, draft_name), as_model(target_model, target_name), target_tokenizer,
-                draft_name, target_name)
+    cache_mib = DEFAULT_CACHE_MIB if cache_ram is None else cache_ram
+    return Pair(as_model(draft_model, draft_name, cache_mib), as_model(target_model, target_name, cache_mib),
+                target_tokenizer, draft_name, target_name)
 
 
 def _load_llama_cpp_pair(draft: str | None, target: str | None, *, threads: int | None,
                          draft_quant: str | None, cache_ram: int | None) -> Pair:
-    from diversed.backends.llama_cpp import DEFAULT_CACHE_MIB, LlamaCppModel
+    from diversed.backends.llama_cpp import LlamaCppModel
 
     if draft is None:
         paths = (default_draft_gguf(draft_quant), default_gguf(DEFAULT_TARGET))

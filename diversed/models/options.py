@@ -82,9 +82,6 @@ def check_load_options(draft: str | None, target: str | None, *, backend: str | 
                          "transformers use --draft-int8")
     if threads is not None and backend != "llama.cpp":
         raise ValueError("--threads sets llama.cpp's threads; transformers uses torch's (OMP_NUM_THREADS)")
-    if cache_ram is not None and backend != "llama.cpp":
-        raise ValueError("--cache-ram sizes llama.cpp's prompt cache; the transformers backend reads every prompt "
-                         "whole")
     return backend
 
 

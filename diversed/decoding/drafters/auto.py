@@ -40,9 +40,10 @@ class AutoDrafter:
         self.has_hidden = self.model is not None
         self.draft_model = None if self.model is None else self.model.draft_model
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None, cache_prompt: bool = True
+            ) -> None:
         for member in self.members:
-            member.add(prompt, prediction)
+            member.add(prompt, prediction, cache_prompt)
 
     def select(self, rows: Sequence[int]) -> None:
         for member in self.members:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from diversed.backends.prompt_cache import common_prefix
 from diversed.decoding.schedule import geometric_tau
 
 if TYPE_CHECKING:
@@ -87,9 +88,11 @@ class Drafter(Protocol):
     def build(cls, setup: DrafterSetup) -> Drafter | None:
         """This drafter for a batch, or None where it cannot run (the draft model's, without one)."""
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None, cache_prompt: bool = True
+            ) -> None:
         """A row joins, after the existing ones, with its prompt and what its answer is predicted to be, if
-        anything (Predicted Outputs: only the prediction drafter reads it)."""
+        anything (Predicted Outputs: only the prediction drafter reads it); cache_prompt: a draft model may start
+        from what its prompt cache holds (the request's own cache_prompt)."""
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only these rows, in this order."""
@@ -158,16 +161,6 @@ class Candidate:
         return geometric_tau(self.acceptance, min(n, len(self.tokens)))
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 LONGEST_MATCH = 8  # the longest n-gram a copying drafter looks up; a longer match is rarer and adds little
 
 
@@ -215,7 +208,8 @@ class CopyDrafter:
     def bucket(self, row: int, short: tuple) -> tuple:
         return run_bucket(self.runs[row], short)
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None, cache_prompt: bool = True
+            ) -> None:
         self.last.append(None)
         self.runs.append(0)
         self.outcomes.append("none")

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from diversed.backends import Model
-from diversed.decoding.drafters.base import DrafterSetup, DraftRound, Proposal, common_prefix
+from diversed.backends.prompt_cache import common_prefix
+from diversed.decoding.drafters.base import DrafterSetup, DraftRound, Proposal
 from diversed.decoding.schedule import stopwatch
 
 
@@ -31,9 +32,11 @@ class ModelDrafter:
     def build(cls, setup: DrafterSetup) -> ModelDrafter | None:
         return None if setup.draft is None else cls(setup.draft, setup.capacity, setup.confidence)
 
-    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None) -> None:
+    def add(self, prompt: Sequence[int], prediction: Sequence[int] | None = None, cache_prompt: bool = True
+            ) -> None:
         self.rows.extend(1)
-        self.rows.reuse(len(self.texts), prompt)  # what the draft's prompt cache holds is not fed again
+        if cache_prompt:  # what the draft's prompt cache holds is not fed again
+            self.rows.reuse(len(self.texts), prompt)
         self.texts.append(list(prompt))
 
     def select(self, rows: Sequence[int]) -> None:
