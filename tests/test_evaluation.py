@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 import diversed.evaluation.run as run
+from diversed.backends.prompt_cache import common_prefix
 from diversed.evaluation.report import summarize_results
 from diversed.evaluation.run import RESULTS_FILE, EvalConfig, evaluate, load_done_rows, parse_verifications
 from diversed.machine import describe
 from diversed.request import Verification
 from diversed.tasks import get_task
+from diversed.text import encode_prompt
 
 from eval_worker import CONFIG, VERIFICATIONS
 from tiny import ToyTask, share_of_draft_tokens, toy_pair
@@ -47,7 +49,7 @@ def rows(out: Path) -> list[dict]:
 
 
 def without_timing(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in ("wall_time", "tokens_per_s")}
+    return {k: v for k, v in row.items() if k not in ("wall_time", "tokens_per_s", "cached_tokens")}
 
 
 def test_every_verification_runs_on_every_example(complete, task):
@@ -651,3 +653,27 @@ def test_a_run_saved_with_the_old_name_of_draft_length_resumes(tmp_path):
     run._check_resumable(tmp_path, SMALL, resume=True)  # the same settings under today's names
     with pytest.raises(ValueError, match="draft_length"):
         run._check_resumable(tmp_path, replace(SMALL, draft_length=4), resume=True)
+
+
+class FewShotTask(ToyTask):
+    """The toy task's prompts behind one shared 40-token preamble, as few-shot and system prompts are."""
+
+    def examples(self, split: str = "train", limit: int | None = None) -> list:
+        preamble = " ".join(f"t{2 + i % 30}" for i in range(40))
+        return [dataclasses.replace(e, prompt=f"{preamble} {e.prompt}") for e in super().examples(split, limit)]
+
+
+def test_each_verification_finds_the_prompt_cache_as_its_group_did(pair, tmp_path):
+    """Examples after the first read their shared preamble from the prompt cache, and every verification of a
+    group reads the same: none is handed an example's prompt that another verification read."""
+    task = FewShotTask(share_of_draft_tokens, size=4)
+    evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, progress=False)
+    cached: dict[str, dict[str, int]] = {}
+    for row in rows(tmp_path):
+        cached.setdefault(row["example"], {})[row["verification"]] = row["cached_tokens"]
+    assert all(len(set(by_verification.values())) == 1 for by_verification in cached.values())
+    chat = pair.tokenizer.chat_template is not None
+    ids = [encode_prompt(pair.tokenizer, e.prompt_for(chat), chat, None) for e in task.examples()]
+    shared = [max(common_prefix(ids[j], ids[i]) for j in range(i)) for i in range(1, len(ids))]
+    assert [cached[e.id]["exact"] for e in task.examples()[1:]] == shared  # never an example's own tokens
+    assert min(shared) >= 40  # the preamble

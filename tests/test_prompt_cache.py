@@ -214,3 +214,43 @@ def test_a_follow_up_turn_through_the_server_is_counted_cached_unless_it_asks_no
     queries = next(float(line.split()[-1]) for line in exposition.splitlines()
                    if line.startswith("diversed:prefix_cache_queries_total"))
     assert hits == cached and queries == first.usage.prompt_tokens + second.usage.prompt_tokens
+
+
+def test_a_conversation_reuses_each_turn_until_it_outgrows_the_context_then_gets_a_400():
+    """A chat through the server (the tiny chat pair, transformers): every follow-up reads only what the last
+    turn's prompt lacked, the answers are those of a cold prompt, and the turn that no longer fits the context
+    is refused with a 400 and an error body; the server then goes on answering."""
+    import openai
+    from serving import client, serving, tiny_chat_pair
+
+    with serving(tiny_chat_pair()) as (url, _):
+        api = client(url)
+        messages, last_prompt = [], None
+        while True:
+            messages.append({"role": "user", "content": " ".join(f"t{2 + (len(messages) * 7 + i) % 38}"
+                                                                 for i in range(30))})
+            ask = dict(model="tiny-target", messages=messages, max_tokens=8, temperature=0)
+            try:
+                out = api.chat.completions.create(**ask)
+            except openai.BadRequestError as error:
+                assert error.status_code == 400 and "context" in error.message
+                break
+            cold = api.chat.completions.create(**ask, extra_body={"cache_prompt": False})
+            assert out.choices[0].message.content == cold.choices[0].message.content
+            assert cold.usage.prompt_tokens_details.cached_tokens == 0
+            # The toy template renders the history as the last prompt less its closing "t4": all of it cached.
+            assert out.usage.prompt_tokens_details.cached_tokens == (last_prompt - 1 if last_prompt else 0)
+            last_prompt = out.usage.prompt_tokens
+            messages.append({"role": "assistant", "content": out.choices[0].message.content})
+        assert len(messages) >= 9  # 256 positions hold four turns first
+        out = api.chat.completions.create(model="tiny-target", messages=messages[:1], max_tokens=4, temperature=0)
+        assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_transformers_cache_holds_a_bounded_number_of_entries():
+    model = TransformersModel(tiny_model(0))
+    for seed in range(model.cache.MOST_ENTRIES + 5):
+        finish(model, [conversation(100 + seed, 6)])
+    assert len(model.cache.entries) == len(model.cache.kv) == model.cache.MOST_ENTRIES
+    held = list(model.cache.entries.values())  # the oldest went first
+    assert held == [conversation(100 + seed, 6) for seed in range(5, model.cache.MOST_ENTRIES + 5)]

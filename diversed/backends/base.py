@@ -18,6 +18,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from diversed.backends.prompt_cache import PromptCache
+
 
 class Rows(Protocol):
     """The KV-cache state of a batch of sequences in one model."""
@@ -60,6 +62,7 @@ class Model(Protocol):
     # A pass over a multiple of this many tokens costs least per token (the engine's matrix kernels work in
     # tiles of it); a wider pass that is not a multiple costs more than the multiple below it. 1: no such step.
     pass_tile: int
+    cache: PromptCache | None  # its prompt cache (diversed.backends.prompt_cache), None when off
 
     def rows(self, count: int, capacity: int | None = None) -> Rows:
         """An empty batch of `count` sequences, which `extend` may grow to `capacity` (default: count)."""

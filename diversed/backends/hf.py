@@ -165,12 +165,18 @@ class TransformersRows:
 
 
 class TransformersPromptCache(PromptCache):
-    """The prompt cache in host memory: each entry's keys and values per layer, [kv heads, tokens, head size]."""
+    """The prompt cache in host memory: each entry's keys and values per layer, [kv heads, tokens, head size],
+    at most MOST_ENTRIES of them (every lookup reads each entry's tokens)."""
+
+    MOST_ENTRIES = 32
 
     def __init__(self, budget: int) -> None:
         super().__init__(budget)
         self.kv: dict[int, list[tuple[Tensor, Tensor]]] = {}
         self._keys = itertools.count()
+
+    def has_room(self, count: int) -> bool:
+        return len(self.entries) < self.MOST_ENTRIES and super().has_room(count)
 
     def store(self, source: Callable[[int], list[tuple[Tensor, Tensor]]], count: int) -> int:
         key = next(self._keys)

@@ -11,7 +11,7 @@ used entry goes first. A live row holds its own copy of what it took, so an entr
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -54,6 +54,12 @@ class PromptCache:
         if self.has_room(len(tokens)):
             self.entries[self.store(source, len(tokens))] = list(tokens)
             self.held += len(tokens)
+
+    def forget(self, keys: Iterable[Hashable]) -> None:
+        """Drop these entries (and free their KV)."""
+        for key in list(keys):
+            if key in self.entries:
+                self._drop(key)
 
     def has_room(self, count: int) -> bool:
         """Whether `count` more tokens fit."""

@@ -157,9 +157,13 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
         # Verifications take turns on each group of batch_size examples, so that each sees the machine alike.
         for start in range(0, len(mine), config.batch_size):
             group = mine[start:start + config.batch_size]
+            cached = _cached(pair)
             for label in verifications:
                 if all((examples[i].id, label) in done for i in group):
                     continue
+                # And each finds the prompt caches as the group did: what the earlier groups' prompts share (a
+                # few-shot or system prompt), never this group's prompts read by another verification.
+                _forget_all_but(pair, cached)
                 # A group cut short by a kill runs again whole: the same batch and seed as an unbroken run
                 # (and as the other verifications), with only its missing rows written.
                 for row in _run_batch(pair, task, examples, group, label, config, heads.get(label), costs):
@@ -261,6 +265,21 @@ def _batching(batch_size: int) -> str:
     return "" if batch_size == 1 else (f"; {batch_size} examples decoded together, so tokens/s (tokens over the "
                                        "rows' own times) and speedup are rates of a row sharing the batch, not "
                                        "single-request speed")
+
+
+def _cached(pair: Pair) -> set[tuple[int, ...]]:
+    """The token lists that the pair's prompt caches (diversed.backends.prompt_cache) hold now."""
+    return {tuple(tokens) for cache in _prompt_caches(pair) for tokens in cache.entries.values()}
+
+
+def _forget_all_but(pair: Pair, cached: set[tuple[int, ...]]) -> None:
+    """Drop from the pair's prompt caches every entry but these token lists."""
+    for cache in _prompt_caches(pair):
+        cache.forget([key for key, tokens in cache.entries.items() if tuple(tokens) not in cached])
+
+
+def _prompt_caches(pair: Pair) -> list:
+    return [m.cache for m in (pair.target, pair.draft) if m is not None and getattr(m, "cache", None)]
 
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig,
