@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    pair = load_pair(backend=args.backend)
+    pair = load_pair(backend=args.backend, cache_ram=0)
     if args.batched_attention:
         for model in (pair.draft.model, pair.target.model):
             model.set_attn_implementation("sdpa")

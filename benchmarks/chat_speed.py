@@ -8,9 +8,13 @@ time to the first token of turn 1 and of turns 2-5 (median and range over conver
 time. With `--clients 4` four conversations run at once (llama-server with `-np 4`, ours with `--max-batch 4`,
 the same context per conversation). `--cold` also sends every follow-up again with `cache_prompt: false`
 (both servers honour it) and counts the answers that differ from the cached turn's: how often a cached prompt
-changes what a server writes at T = 0.
+changes what a server writes at T = 0. `--lines` and `--turns` shorten the conversations, so that `--cold`,
+whose every cold turn reads a whole prompt, can afford many of them; beyond 20 conversations each module shows
+its next lines.
 
   .venv/bin/python benchmarks/chat_speed.py --llama-server PATH/llama-server --out results/chat-speed.json
+  .venv/bin/python benchmarks/chat_speed.py --llama-server PATH/llama-server --clients 1 --conversations 50 \
+      --lines 20 --turns 3 --cold --out results/chat-speed-cold.json
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import statistics
 import sys
 import threading
@@ -40,8 +45,14 @@ QUESTIONS = ("What does this file do? Answer in one sentence.", "Which function 
              "Summarize the file in five words.")
 
 
-def source(module: str, lines: int = 200) -> str:
-    return "".join(inspect.getsource(__import__(module)).splitlines(keepends=True)[:lines])
+def sources(count: int, lines: int) -> list[str]:
+    """`count` distinct files to show: `lines` lines of each module in turn, then the next `lines` of each."""
+    texts = []
+    for i in range(count):
+        module, window = MODULES[i % len(MODULES)], i // len(MODULES)
+        texts.append("".join(inspect.getsource(__import__(module)).splitlines(keepends=True)
+                             [window * lines:(window + 1) * lines]))
+    return texts
 
 
 def turn(api: openai.OpenAI, model: str, messages: list[dict], tokens: int, extra: dict) -> dict:
@@ -62,35 +73,36 @@ def turn(api: openai.OpenAI, model: str, messages: list[dict], tokens: int, extr
             "cached_tokens": getattr(details, "cached_tokens", None) if details else None}
 
 
-def conversation(api: openai.OpenAI, model: str, module: str, tokens: int, cold: bool) -> list[dict]:
-    """All turns of one conversation; with `cold`, each follow-up sent again without the prompt cache."""
-    messages, turns = [], []
-    for number, question in enumerate(QUESTIONS):
-        content = f"Here is a file:\n```python\n{source(module)}```\n{question}" if number == 0 else question
+def conversation(api: openai.OpenAI, model: str, text: str, turns: int, tokens: int, cold: bool) -> list[dict]:
+    """The turns of one conversation about a file; with `cold`, each follow-up sent again without the prompt
+    cache."""
+    messages, results = [], []
+    for number, question in enumerate(QUESTIONS[:turns]):
+        content = f"Here is a file:\n```python\n{text}```\n{question}" if number == 0 else question
         messages.append({"role": "user", "content": content})
         result = turn(api, model, messages, tokens, {})
         if cold and number:
             result["cold_text"] = turn(api, model, messages, tokens, {"cache_prompt": False})["text"]
-        turns.append(result)
+        results.append(result)
         messages.append({"role": "assistant", "content": result["text"]})
-    return turns
+    return results
 
 
-def run(port: int, modules: list[str], clients: int, tokens: int, cold: bool) -> dict:
+def run(port: int, texts: list[str], clients: int, turns: int, tokens: int, cold: bool) -> dict:
     """The conversations through `clients` concurrent clients, each taking the next conversation."""
     api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=1800)
     model = api.models.list().data[0].id
-    todo, done, lock = list(modules), [], threading.Lock()
+    todo, done, lock = list(enumerate(texts)), [], threading.Lock()
 
     def client() -> None:
         while True:
             with lock:
                 if not todo:
                     return
-                module = todo.pop(0)
-            turns = conversation(api, model, module, tokens, cold)
+                index, text = todo.pop(0)
+            results = conversation(api, model, text, turns, tokens, cold)
             with lock:
-                done.append({"module": module, "turns": turns})
+                done.append({"conversation": index, "turns": results})
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -103,7 +115,7 @@ def run(port: int, modules: list[str], clients: int, tokens: int, cold: bool) ->
 
 def summary(result: dict) -> dict:
     first = [c["turns"][0]["ttft"] for c in result["conversations"]]
-    later = [t["ttft"] for c in result["conversations"] for t in c["turns"][1:]]
+    later = [t["ttft"] for c in result["conversations"] for t in c["turns"][1:]] or [math.nan]
     compared = [t for c in result["conversations"] for t in c["turns"][1:] if "cold_text" in t]
     return {"first_ttft_median_s": statistics.median(first), "first_ttft_range_s": [min(first), max(first)],
             "later_ttft_median_s": statistics.median(later), "later_ttft_range_s": [min(later), max(later)],
@@ -115,20 +127,22 @@ def summary(result: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", help="path of llama.cpp's llama-server (omit to run ours alone)")
-    parser.add_argument("--conversations", type=int, default=2, help="per client count (default 2)")
+    parser.add_argument("--conversations", type=int, default=2,
+                        help="per client count, at least one a client (default 2)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--lines", type=int, default=200, help="lines of the file the first turn shows")
+    parser.add_argument("--turns", type=int, default=len(QUESTIONS), choices=range(1, len(QUESTIONS) + 1))
     parser.add_argument("--tokens", type=int, default=48, help="max_tokens of each turn")
     parser.add_argument("--cold", action="store_true", help="also send each follow-up without the prompt cache")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.conversations > len(MODULES):
-        parser.error(f"--conversations: at most {len(MODULES)}")
 
     _, target = default_gguf_pair()
     threads = str(default_threads())
-    report = {"machine": f"{describe()}, {threads} threads", "tokens": args.tokens, "results": []}
+    report = {"machine": f"{describe()}, {threads} threads", "tokens": args.tokens, "lines": args.lines,
+              "turns": args.turns, "results": []}
     for clients in args.clients:
-        modules = list(MODULES[:max(args.conversations, clients)])
+        texts = sources(max(args.conversations, clients), args.lines)
         servers = {"diversed serve": [sys.executable, "-m", "diversed.cli", "serve", "--max-batch", str(clients)]}
         if args.llama_server:  # as users run it: its defaults, one slot a conversation, our context a slot
             servers["llama-server"] = [args.llama_server, "-m", str(target), "-np", str(clients), "-c",
@@ -138,7 +152,7 @@ def main() -> None:
             libraries = {"LD_LIBRARY_PATH": str(Path(command[0]).parent)} if name.startswith("llama") else None
             process = start([*command, "--port", str(port)], port, libraries)
             try:
-                result = {"server": name, **run(port, modules, clients, args.tokens, args.cold)}
+                result = {"server": name, **run(port, texts, clients, args.turns, args.tokens, args.cold)}
             finally:
                 process.terminate()
                 process.wait(60)
@@ -151,8 +165,8 @@ def main() -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| server | clients | turn 1 TTFT (s) | turns 2-5 TTFT, median (range) (s) | total (s) | answers changed "
-             "by the cache |", "|---|---|---|---|---|---|"]
+    lines = ["| server | clients | turn 1 TTFT (s) | later turns' TTFT, median (range) (s) | total (s) | "
+             "answers changed by the cache |", "|---|---|---|---|---|---|"]
     for r in results:
         s = r["summary"]
         changed = "-" if s["answers_changed_by_cache"] is None else "{} of {}".format(*s["answers_changed_by_cache"])

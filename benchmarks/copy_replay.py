@@ -233,7 +233,8 @@ def main() -> None:
     workloads = {**WORKLOADS, **(LONG_WORKLOADS if args.long else {})}
     texts = json.loads(args.texts.read_text()) if args.texts and args.texts.exists() else {}
     missing = {name: size for name, size in workloads.items() if name not in texts}
-    pair = load_pair(backend="llama.cpp") if missing or not args.costs else None  # to write texts or time costs
+    # To write texts or time costs; every prompt read whole.
+    pair = load_pair(backend="llama.cpp", cache_ram=0) if missing or not args.costs else None
     if missing:
         texts |= greedy_texts(pair, missing, args.tokens, 1024)
         if args.texts:

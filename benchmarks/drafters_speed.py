@@ -300,7 +300,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    pair = load_pair(backend="llama.cpp")
+    pair = load_pair(backend="llama.cpp", cache_ram=0)  # every prompt read whole, as the peers do
     _, target_gguf = default_gguf_pair()
     sets = workloads({"file-edit": args.file_edit, "mbpp-edit": args.edit, "mbpp-edit-2turn": args.turns,
                       "gsm8k": args.gsm8k, "humaneval": args.humaneval})

@@ -43,7 +43,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    pairs = {dtype: load_pair(backend="transformers", dtype=dtype, draft_int8=args.draft_int8) for dtype in args.dtypes}
+    pairs = {dtype: load_pair(backend="transformers", dtype=dtype, draft_int8=args.draft_int8,
+                               cache_ram=0) for dtype in args.dtypes}
     tokenizer = AutoTokenizer.from_pretrained(prepare_default_pair(progress=False)[1])
     prompt = encode_prompt(tokenizer, get_task("humaneval").examples("test", limit=1)[0].prompt)
     draft_lens = [k - 1 for k in args.widths if k > 1]

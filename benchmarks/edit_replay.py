@@ -141,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     # The pair is loaded only to write texts, time costs or run the engine.
     made = args.texts and args.texts.exists()
-    pair = None if made and args.costs and not args.real else load_pair(backend="llama.cpp")
+    pair = None if made and args.costs and not args.real else load_pair(backend="llama.cpp", cache_ram=0)
     if pair is not None:
         pair.target.pass_tile = args.tile  # the engine's speed model weighs widths as the replays' does
     if made:

@@ -196,12 +196,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    pair = load_pair(backend="llama.cpp")
-    quantized = {q: load_pair(backend="llama.cpp", draft_quant=q) for q in {s.split("@")[2] for s in args.ours
-                                                                            if s.count("@") == 2}}
+    pair = load_pair(backend="llama.cpp", cache_ram=0)  # every prompt read whole, as plain llama.cpp does
+    quantized = {q: load_pair(backend="llama.cpp", draft_quant=q, cache_ram=0)
+                 for q in {s.split("@")[2] for s in args.ours if s.count("@") == 2}}
     head = load_head(pair)
     bare_target = LlamaCppModel(default_gguf_pair()[1], "target, no extra buffers", extra_buffers=False)
-    hf_pair = load_pair(backend="transformers") if args.transformers else None
+    hf_pair = load_pair(backend="transformers", cache_ram=0) if args.transformers else None
     sets = prompt_sets(args.humaneval, args.gsm8k)
     eos = set(pair.eos_token_ids)
     profile = width_profile({"Q4_K_M": pair} | quantized, encode_prompt(pair.tokenizer, sets["humaneval"][0]))

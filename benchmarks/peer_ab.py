@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    pair: Pair = load_pair(backend="transformers")
+    pair: Pair = load_pair(backend="transformers", cache_ram=0)
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in load_humaneval("test")[:args.prompts]]
     timers = {"target": ForwardTimer(pair.target.model.base_model),
               "draft": ForwardTimer(pair.draft.model.base_model)}

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from diversed.admission import load_head
-from diversed.backends import Model, Rows
+from diversed.backends import Model, Rows, as_model
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import summarize
 from diversed.evaluation.peer import assisted_generate
@@ -296,12 +296,12 @@ def main() -> None:
     pairs = {}
     for dtype in args.dtypes:
         pair = pairs[dtype, None] = load_pair(args.draft, args.target, backend="transformers", dtype=dtype,
-                                              draft_int8=args.draft_int8)
+                                              draft_int8=args.draft_int8, cache_ram=0)
         if args.draft_vocab:
             # Only the draft differs: load it a second time, restricted, and share the target.
             draft_name = args.draft or str(prepare_default_pair()[0])
-            pairs[dtype, args.draft_vocab] = replace(pair, draft=load_model(
-                draft_name, dtype=dtype, vocab=args.draft_vocab, int8=args.draft_int8)[1])
+            pairs[dtype, args.draft_vocab] = replace(pair, draft=as_model(load_model(
+                draft_name, dtype=dtype, vocab=args.draft_vocab, int8=args.draft_int8)[1], cache_mib=0))
     problems = load_humaneval(args.split)[: args.prompts]
     prompts = [encode_prompt(pair.tokenizer, chat_prompt(p), chat=True) for p in problems]
     machine = (f"{describe()}, {torch.get_num_threads()} threads, "

@@ -78,6 +78,7 @@ def decode(
     predictions: Sequence[Sequence[int] | None] | None = None,
     provenance: bool = False,
     costs: CostMemory | None = None,
+    cache_prompt: bool = True,
 ) -> Generation:
     """Generate up to max_new_tokens after each prompt (token ids) with `verification`: the decoding loop for
     callers that hold token ids and models (a trainer, a benchmark). It trusts its arguments: a request is
@@ -100,6 +101,8 @@ def decode(
     "prediction" and "auto" drafters draft from them).
     provenance: record how each token was made (Generation.origins; diversed.decoding.provenance).
     costs: the speed schedule's measured costs to start from and add to (None: this call's own).
+    cache_prompt: start each prompt from what the models' prompt caches hold of it (diversed.backends); False:
+    read every prompt whole, so that the tokens cannot depend on what the process read before.
     """
     target = as_model(target)
     draft = None if draft is None else as_model(draft)
@@ -119,7 +122,8 @@ def decode(
     jobs = [Job(list(p), policy, max_new_tokens, stop,
                 None if on_tokens is None else lambda job, new, i=i: on_tokens(i, new),
                 None if on_round is None else lambda job, result, row, count, i=i: on_round(i, result, row, count),
-                prediction=None if prediction is None else list(prediction), provenance=provenance)
+                prediction=None if prediction is None else list(prediction), provenance=provenance,
+                cache_prompt=cache_prompt)
             for i, (p, prediction) in enumerate(zip(prompts, predictions, strict=True))]
     for job in jobs:
         batch.add(job)

@@ -228,7 +228,10 @@ def _collect(pair: Pair, head: EnsembleHead, prompt_ids: list[list[int]], exampl
                         eos_token_ids=pair.eos_token_ids, head=head, seed=seed,
                         stop=stop_checker(pair.tokenizer, task.stop),
                         predictions=None if predictions is None else [p for p in predictions for _ in range(k)],
-                        on_round=lambda i, result, row, count: traces[i].add(result, row, count))
+                        on_round=lambda i, result, row, count: traces[i].add(result, row, count),
+                        # A resumed run repeats the uninterrupted one to the bit; a cached prefix's last bits
+                        # depend on what the process read before.
+                        cache_prompt=False)
     texts = [cut_at_stop(pair.tokenizer.decode(t, skip_special_tokens=True), task.stop) for t in generation.tokens]
     rewards = [task.reward(examples[i // k], text) for i, text in enumerate(texts)]
     device = pair.target.device
