@@ -663,17 +663,20 @@ class FewShotTask(ToyTask):
         return [dataclasses.replace(e, prompt=f"{preamble} {e.prompt}") for e in super().examples(split, limit)]
 
 
-def test_each_verification_finds_the_prompt_cache_as_its_group_did(pair, tmp_path):
-    """Examples after the first read their shared preamble from the prompt cache, and every verification of a
-    group reads the same: none is handed an example's prompt that another verification read."""
+def test_every_verification_of_every_example_starts_from_the_shared_beginning_alone(pair, tmp_path):
+    """The examples' shared preamble is read once into the prompt caches: each verification of each example
+    reads the rest of its prompt, never a prompt that another verification read; a resumed run alike."""
     task = FewShotTask(share_of_draft_tokens, size=4)
-    evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path, progress=False)
-    cached: dict[str, dict[str, int]] = {}
-    for row in rows(tmp_path):
-        cached.setdefault(row["example"], {})[row["verification"]] = row["cached_tokens"]
-    assert all(len(set(by_verification.values())) == 1 for by_verification in cached.values())
     chat = pair.tokenizer.chat_template is not None
-    ids = [encode_prompt(pair.tokenizer, e.prompt_for(chat), chat, None) for e in task.examples()]
-    shared = [max(common_prefix(ids[j], ids[i]) for j in range(i)) for i in range(1, len(ids))]
-    assert [cached[e.id]["exact"] for e in task.examples()[1:]] == shared  # never an example's own tokens
-    assert min(shared) >= 40  # the preamble
+    ids = [encode_prompt(pair.tokenizer, e.prompt_for(chat), chat) for e in task.examples()]
+    shared = min(common_prefix(ids[0], other) for other in ids)
+    assert shared >= 40  # the preamble
+    evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path / "whole", progress=False)
+    assert {row["cached_tokens"] for row in rows(tmp_path / "whole")} == {shared}
+    evaluate(pair, FewShotTask(share_of_draft_tokens, size=2), VERIFICATIONS, CONFIG, tmp_path / "cut",
+             progress=False)
+    evaluate(pair, task, VERIFICATIONS, CONFIG, tmp_path / "cut", progress=False, resume=True)
+    resumed, whole = rows(tmp_path / "cut"), rows(tmp_path / "whole")
+    assert {row["cached_tokens"] for row in resumed} == {shared}
+    key = lambda row: (row["example"], row["verification"])  # noqa: E731
+    assert sorted(map(without_timing, resumed), key=key) == sorted(map(without_timing, whole), key=key)

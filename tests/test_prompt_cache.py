@@ -254,3 +254,16 @@ def test_the_transformers_cache_holds_a_bounded_number_of_entries():
     assert len(model.cache.entries) == len(model.cache.kv) == model.cache.MOST_ENTRIES
     held = list(model.cache.entries.values())  # the oldest went first
     assert held == [conversation(100 + seed, 6) for seed in range(5, model.cache.MOST_ENTRIES + 5)]
+
+
+def test_a_pinned_entry_stays_through_extensions_and_the_budget_until_forgotten():
+    cache = Listed(budget=100)
+    cache.keep([1, 2, 3] * 10, "shared")
+    cache.pinned = {0}
+    cache.keep([1, 2, 3] * 10 + [4] * 30, "extends it")  # kept beside it
+    cache.keep([5] * 60, "needs room")  # the unpinned entry goes, the pinned one stays
+    assert list(cache.entries) == [0, 2] and cache.held == 90
+    cache.keep([6] * 80, "no room")  # only the pinned one could go: not kept
+    assert list(cache.entries) == [0] and cache.held == 30
+    cache.forget([0])
+    assert not cache.entries and not cache.pinned

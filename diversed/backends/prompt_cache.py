@@ -5,7 +5,8 @@ which goes when room runs out. Each backend subclass stores and frees an entry's
 Entries are the token lists of finished rows (llama-server's prompt cache, vLLM's prefix caching). A new row
 starts from the entry sharing the longest prefix with its prompt; an entry that a new one extends goes (the
 new one holds it), and beyond the budget (tokens, counted as if entries shared nothing) the least recently
-used entry goes first. A live row holds its own copy of what it took, so an entry may go at any time.
+used entry goes first; a pinned entry (an evaluation's shared few-shot prompt) goes only when forgotten. A
+live row holds its own copy of what it took, so an entry may go at any time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class PromptCache:
     def __init__(self, budget: int) -> None:
         self.budget, self.held = budget, 0
         self.entries: OrderedDict[Hashable, list[int]] = OrderedDict()
+        self.pinned: set[Hashable] = set()  # entries that neither an extension nor the budget drops
 
     def longest(self, tokens: Sequence[int]) -> tuple[Hashable | None, int]:
         """The entry holding the longest prefix of `tokens`, and its length (None, 0: none)."""
@@ -47,18 +49,19 @@ class PromptCache:
             if shared == len(tokens):  # held already
                 self.entries.move_to_end(key)
                 return
-            if shared == len(held):  # the new entry holds this one and more
+            if shared == len(held) and key not in self.pinned:  # the new entry holds this one and more
                 self._drop(key)
-        while self.entries and not self.has_room(len(tokens)):
-            self._drop(next(iter(self.entries)))
+        while not self.has_room(len(tokens)) and (unpinned := [k for k in self.entries if k not in self.pinned]):
+            self._drop(unpinned[0])
         if self.has_room(len(tokens)):
             self.entries[self.store(source, len(tokens))] = list(tokens)
             self.held += len(tokens)
 
     def forget(self, keys: Iterable[Hashable]) -> None:
-        """Drop these entries (and free their KV)."""
+        """Drop these entries (and free their KV), pinned or not."""
         for key in list(keys):
             if key in self.entries:
+                self.pinned.discard(key)
                 self._drop(key)
 
     def has_room(self, count: int) -> bool:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from diversed.admission import load_head
+from diversed.backends.prompt_cache import common_prefix
 from diversed.decoding.schedule import CostMemory
 from diversed.evaluation.peer import assisted_generate
 from diversed.evaluation.report import plot_tradeoffs, summarize_results, write_summary
@@ -153,17 +154,17 @@ def evaluate(pair: Pair, task, verifications: Sequence[str], config: EvalConfig,
     bar = tqdm(total=len(todo), desc=f"eval {config.task}" + (f" [rank {rank}]" if world > 1 else ""),
                disable=not progress, dynamic_ncols=True)
     running: dict[str, list[dict]] = {m: [] for m in verifications}
+    if todo:
+        _pin_shared_prefix(pair, [examples[i] for i in mine], config.batch_size)
     with open(part, "a") as f:
         # Verifications take turns on each group of batch_size examples, so that each sees the machine alike.
         for start in range(0, len(mine), config.batch_size):
             group = mine[start:start + config.batch_size]
-            cached = _cached(pair)
             for label in verifications:
                 if all((examples[i].id, label) in done for i in group):
                     continue
-                # And each finds the prompt caches as the group did: what the earlier groups' prompts share (a
-                # few-shot or system prompt), never this group's prompts read by another verification.
-                _forget_all_but(pair, cached)
+                # And each finds the prompt caches alike: holding the examples' shared beginning alone.
+                _forget_unpinned(pair)
                 # A group cut short by a kill runs again whole: the same batch and seed as an unbroken run
                 # (and as the other verifications), with only its missing rows written.
                 for row in _run_batch(pair, task, examples, group, label, config, heads.get(label), costs):
@@ -267,19 +268,30 @@ def _batching(batch_size: int) -> str:
                                        "single-request speed")
 
 
-def _cached(pair: Pair) -> set[tuple[int, ...]]:
-    """The token lists that the pair's prompt caches (diversed.backends.prompt_cache) hold now."""
-    return {tuple(tokens) for cache in _prompt_caches(pair) for tokens in cache.entries.values()}
+def _pin_shared_prefix(pair: Pair, examples: list, capacity: int) -> None:
+    """Read the examples' shared beginning (a few-shot or system prompt) into the pair's prompt caches once, and
+    pin it there alone: every verification of every example starts from it, in a resumed run as in an
+    unbroken one (what another verification read of a prompt is dropped before each: _forget_unpinned)."""
+    chat = pair.tokenizer.chat_template is not None
+    ids = [encode_prompt(pair.tokenizer, e.prompt_for(chat), chat) for e in examples]
+    shared = ids[0][:min(common_prefix(ids[0], other) for other in ids)]
+    for model in (pair.target, pair.draft):
+        if model is None:
+            continue
+        rows = model.rows(1, capacity)  # first: llama.cpp makes its context, and its cache, for the batches
+        if model.cache is None:
+            continue
+        model.cache.forget(list(model.cache.entries))
+        if len(shared) > 1:
+            rows.feed([shared], 1)
+            rows.select([])  # the row leaves: its tokens go to the cache
+            model.cache.pinned = {key for key, tokens in model.cache.entries.items() if tokens == shared}
 
 
-def _forget_all_but(pair: Pair, cached: set[tuple[int, ...]]) -> None:
-    """Drop from the pair's prompt caches every entry but these token lists."""
-    for cache in _prompt_caches(pair):
-        cache.forget([key for key, tokens in cache.entries.items() if tuple(tokens) not in cached])
-
-
-def _prompt_caches(pair: Pair) -> list:
-    return [m.cache for m in (pair.target, pair.draft) if m is not None and getattr(m, "cache", None)]
+def _forget_unpinned(pair: Pair) -> None:
+    for model in (pair.target, pair.draft):
+        if model is not None and model.cache is not None:
+            model.cache.forget([key for key in model.cache.entries if key not in model.cache.pinned])
 
 
 def _run_batch(pair: Pair, task, examples: list, indices: list[int], label: str, config: EvalConfig,
