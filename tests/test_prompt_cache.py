@@ -10,7 +10,7 @@ import torch
 
 from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import LlamaCppModel
-from diversed.backends.prompt_cache import PromptCache
+from diversed.backends.prompt_cache import PromptCache, common_prefix
 from diversed.decoding.engine import decode
 from diversed.request import Drafting, Sampling, Verification
 
@@ -267,3 +267,24 @@ def test_a_pinned_entry_stays_through_extensions_and_the_budget_until_forgotten(
     assert list(cache.entries) == [0] and cache.held == 30
     cache.forget([0])
     assert not cache.entries and not cache.pinned
+
+
+def test_generate_over_prompts_that_share_a_system_prompt_reads_it_once():
+    """`generate` (and so `diversed generate --file`): prompts decoded one after another start from what the
+    earlier ones share."""
+    from serving import tiny_chat_pair
+
+    from diversed.generation import generate
+    from diversed.text import encode_prompt
+
+    pair = tiny_chat_pair()
+    system = " ".join(f"t{2 + i % 38}" for i in range(60))
+    prompts = ["t5 t6", "t7 t8", "t9 t10"]
+    completions = generate(pair, prompts, system=system, temperature=0, max_new_tokens=4)
+    ids = [encode_prompt(pair.tokenizer, p, True, system) for p in prompts]
+    shared = common_prefix(ids[0], ids[1])
+    assert shared > 60
+    assert [c.metrics["cached_tokens"] for c in completions] == [0, shared, shared]
+    cold = generate(pair, prompts, system=system, temperature=0, max_new_tokens=4, cache_prompt=False)
+    assert [c.metrics["cached_tokens"] for c in cold] == [0, 0, 0]
+    assert [c.text for c in cold] == [c.text for c in completions]
