@@ -25,12 +25,11 @@ import json
 import math
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import openai
-from serve_speed import free_port, start
+from serve_speed import free_port, in_clients, start
 
 from diversed.backends.llama_cpp import DEFAULT_CONTEXT, default_threads
 from diversed.machine import describe
@@ -92,25 +91,9 @@ def run(port: int, texts: list[str], clients: int, turns: int, tokens: int, cold
     """The conversations through `clients` concurrent clients, each taking the next conversation."""
     api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=1800)
     model = api.models.list().data[0].id
-    todo, done, lock = list(enumerate(texts)), [], threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                index, text = todo.pop(0)
-            results = conversation(api, model, text, turns, tokens, cold)
-            with lock:
-                done.append({"conversation": index, "turns": results})
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {"clients": clients, "wall_s": time.perf_counter() - started, "conversations": done}
+    done, wall = in_clients(list(enumerate(texts)), clients, lambda item: {
+        "conversation": item[0], "turns": conversation(api, model, item[1], turns, tokens, cold)})
+    return {"clients": clients, "wall_s": wall, "conversations": done}
 
 
 def summary(result: dict) -> dict:

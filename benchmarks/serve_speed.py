@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -103,19 +104,18 @@ def long_answer(port: int, extra: dict, tokens: int, tokenizer) -> dict:
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 
 
-def level(port: int, prompts: list[str], clients: int, extra: dict, tokens: int) -> dict:
-    """All prompts through `clients` concurrent clients; totals and means."""
-    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-    model = api.models.list().data[0].id
-    todo, results, lock = list(prompts), [], threading.Lock()
+def in_clients(items: list, clients: int, work: Callable) -> tuple[list, float]:
+    """`work(item)` for every item, by `clients` concurrent clients each taking the next item; the results (in
+    the order they finished) and the wall time."""
+    todo, results, lock = list(items), [], threading.Lock()
 
     def client() -> None:
         while True:
             with lock:
                 if not todo:
                     return
-                prompt = todo.pop(0)
-            result = one_request(api, model, prompt, extra, tokens)
+                item = todo.pop(0)
+            result = work(item)
             with lock:
                 results.append(result)
 
@@ -125,7 +125,14 @@ def level(port: int, prompts: list[str], clients: int, extra: dict, tokens: int)
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - started
+    return results, time.perf_counter() - started
+
+
+def level(port: int, prompts: list[str], clients: int, extra: dict, tokens: int) -> dict:
+    """All prompts through `clients` concurrent clients; totals and means."""
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    model = api.models.list().data[0].id
+    results, wall = in_clients(prompts, clients, lambda prompt: one_request(api, model, prompt, extra, tokens))
     total = sum(r["tokens"] for r in results)
     drafted = sum((r["speculative"] or {}).get("drafted") or 0 for r in results)
     accepted = sum((r["speculative"] or {}).get("accepted") or 0 for r in results)
