@@ -50,6 +50,7 @@ from diversed.decoding.drafters.prediction import PredictionDrafter
 from diversed.decoding.drafters.suffix import SuffixCache, SuffixDrafter
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.schedule import CostMemory
 from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
@@ -90,7 +91,8 @@ def token_ids(pair: Pair, prompt) -> list[int]:
 
 
 def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float, seed: int,
-         prediction: list[int] | None = None) -> tuple[SequenceStats, float, list[int]]:
+         prediction: list[int] | None = None, remembered: CostMemory | None = None
+         ) -> tuple[SequenceStats, float, list[int]]:
     """One `diversed.decode` call for 'DRAFTER VERIFICATION'; 'DRAFTER VERIFICATION repeat': the same request a
     second time, timed, after a first (untimed) one has filled the suffix cache they share, as in `diversed serve`;
     'DRAFTER VERIFICATION prediction': with `prediction` (token ids) as the request's predicted output."""
@@ -100,7 +102,7 @@ def ours(pair: Pair, ids: list[int], spec: str, tokens: int, temperature: float,
     options = dict(draft=pair.draft, drafter=drafter, cache=cache, verification=Verification.parse(verification),
                    sampling=Sampling(temperature), drafting=DEFAULT_DRAFTING[pair.backend],
                    max_new_tokens=tokens, eos_token_ids=pair.eos_token_ids,
-                   predictions=[prediction] if "prediction" in extra else None)
+                   predictions=[prediction] if "prediction" in extra else None, costs=remembered)
     if repeat:
         decode(pair.target, [ids], seed=seed + 1, **options)
     start = time.perf_counter()
@@ -353,6 +355,9 @@ def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: f
     """Every configuration on every prompt of one workload, interleaved; the oracle's (priced) row; and the
     seconds of the target's prompt passes, all prompts'."""
     file_edit = "original" in examples[0].metadata
+    # The speed schedule's costs, remembered from call to call as `diversed generate` and `diversed serve` do
+    # (in memory only: the run starts from none; the warm-up below times them).
+    remembered = CostMemory()
     tokens = args.file_edit_tokens if file_edit else args.tokens
     runs = {"plain llama.cpp": lambda ids, seed, _: (*plain_llama(pair.target, ids, tokens, temperature, seed, eos),
                                                      None)}
@@ -362,7 +367,7 @@ def run_workload(args, pair: Pair, servers: dict, examples: list, temperature: f
     for spec in args.ours:
         if "prediction" not in spec or file_edit:
             runs[f"ours {spec}"] = lambda ids, seed, predicted, spec=spec: ours(pair, ids, spec, tokens, temperature,
-                                                                                seed, predicted)
+                                                                                seed, predicted, remembered)
     warm = token_ids(pair, examples[0].prompt_for(chat=True))
     for name in runs:  # the auto schedule's costs and llama.cpp's buffers, before anything is timed
         if name.startswith("ours"):

@@ -41,6 +41,7 @@ from diversed.admission import load_head
 from diversed.backends.llama_cpp import LlamaCppModel, default_threads
 from diversed.decoding.engine import decode
 from diversed.decoding.metrics import SequenceStats, summarize
+from diversed.decoding.schedule import CostMemory
 from diversed.machine import describe
 from diversed.models.default_pair import default_gguf_pair
 from diversed.models.loading import Pair, load_pair
@@ -105,6 +106,11 @@ def plain_llama(model: LlamaCppModel, prompt: list[int], tokens: int, temperatur
     return SequenceStats(new_tokens=len(out), target_forwards=len(out), wall_time=seconds), seconds
 
 
+# The speed schedule's costs, remembered from call to call as `diversed generate` and `diversed serve` do (in
+# memory only: the run starts from none).
+REMEMBERED = CostMemory()
+
+
 def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: float, seed: int, head
          ) -> tuple[SequenceStats, float]:
     verification, drafting = spec.split("@")[:2]
@@ -117,7 +123,8 @@ def ours(pair: Pair, prompt: list[int], spec: str, tokens: int, temperature: flo
     start = time.perf_counter()
     out = decode(pair.target, [prompt], draft=pair.draft, verification=Verification.parse(verification),
                  sampling=Sampling(temperature), drafting=length, max_new_tokens=tokens,
-                 eos_token_ids=pair.eos_token_ids, head=head if verification == "diversed" else None, seed=seed)
+                 eos_token_ids=pair.eos_token_ids, head=head if verification == "diversed" else None, seed=seed,
+                 costs=REMEMBERED)
     return out.stats[0], time.perf_counter() - start
 
 
