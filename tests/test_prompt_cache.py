@@ -5,6 +5,7 @@ conversations each keep their own prefix; the decoding loop counts what it reuse
 
 import urllib.request
 
+import llama_cpp as llama
 import pytest
 import torch
 
@@ -91,16 +92,18 @@ def test_entries_keep_within_the_budget_least_recently_used_out():
     assert list(cache.entries) == [3, 2]
 
 
-def test_the_cache_keeps_within_its_bound_least_recently_used_out(path):
-    model = LlamaCppModel(path, context=64)
-    rows = model.rows(2)  # a context of 4 rows: 8 cache slots of at most 64 tokens each
-    rows.select([])
+def test_the_llama_cpp_cache_keeps_within_its_bound_in_host_memory(path):
+    model = LlamaCppModel(path, context=64, cache_mib=1)
+    # 2 (keys, values) x 2 bytes (f16) x 2 layers x 2 KV heads x 16 per head
+    assert model.kv_bytes_per_token == 256 and model.cache.budget == 2**20 // 256
     cache = model.cache
-    assert len(cache.free) == 8 and cache.budget == 8 * 64
+    cache.budget = 8 * 60  # eight of the prompts below
     prompts = [conversation(seed, 60) for seed in range(12)]
     for prompt in prompts:
         finish(model, [prompt])
-        assert cache.held <= cache.budget and len(cache.entries) <= 8
+        assert cache.held <= cache.budget and len(cache.entries) == len(cache.states) <= 8
+    # Kept outside the context's cells: those hold the live rows only.
+    assert llama.llama_n_ctx(model._context) == model._capacity * model.context_length
     assert [cache.longest(p)[1] for p in prompts[:4]] == [0] * 4  # the oldest went first
     assert all(cache.longest(p)[1] == 60 for p in prompts[4:])
     # After every eviction, a reused prefix still reads right.
@@ -108,6 +111,18 @@ def test_the_cache_keeps_within_its_bound_least_recently_used_out(path):
     assert rows.reuse(0, prompts[-1] + [5, 6]) == 60
     torch.testing.assert_close(rows.feed([[5, 6]], 1)[1][0],
                                cold_logits(lambda **o: LlamaCppModel(path, context=64, **o), prompts[-1] + [5, 6], 1),
+                               atol=ATOL, rtol=0)
+
+
+def test_llama_cpp_cached_prompts_outlive_a_new_context(path):
+    model = LlamaCppModel(path, context=64)
+    history = conversation(50, 40)
+    finish(model, [history])
+    rows = model.rows(6)  # more rows than the context had: a new context
+    turn = history + conversation(51, 3)
+    assert rows.reuse(0, turn) == len(history)
+    torch.testing.assert_close(rows.feed([turn[40:]] + [[3]] * 5, 1)[1][0],
+                               cold_logits(lambda **o: LlamaCppModel(path, context=64, **o), turn, 1),
                                atol=ATOL, rtol=0)
 
 

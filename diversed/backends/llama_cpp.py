@@ -19,6 +19,7 @@ which projects every prompt token onto the vocabulary.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import warnings
 import weakref
@@ -96,7 +97,7 @@ class LlamaCppModel:
     context: positions per row. threads: llama.cpp's threads (default: every core of the process).
     extra_buffers: llama.cpp's extra buffer types (repacked weights, AMX), its `use_extra_bufts` (default:
     on, unless this build's AMX kernels would fault here: extra_buffers_safe). cache_mib: the prompt cache's
-    bound in MiB of KV memory (PromptCache; 0: none)."""
+    bound in MiB of keys and values, in host memory (LlamaCppPromptCache; 0: none)."""
 
     backend = "llama.cpp"
     # On a CPU llama.cpp's matrix kernels take a pass's tokens 16 at a time and the rest more slowly: a pass over
@@ -139,8 +140,8 @@ class LlamaCppModel:
         # f16 keys and values (llama.cpp's default cache type) of every layer's KV heads
         self.kv_bytes_per_token = (2 * 2 * llama.llama_model_n_layer(self._model)
                                    * llama.llama_model_n_head_kv(self._model) * self.hidden_size // max(n_head, 1))
-        self.cache_mib = cache_mib
-        self.cache: PromptCache | None = None
+        budget = cache_mib * 2**20 // self.kv_bytes_per_token
+        self.cache = LlamaCppPromptCache(budget) if budget else None
         # What this model's measured speed depends on (diversed.decoding.schedule keeps costs by it): the file as
         # loaded, and the threads.
         stat = path.stat()
@@ -177,7 +178,7 @@ class LlamaCppModel:
         if context is self._context and context:
             for seq, held in zip(seqs, tokens, strict=True):
                 if self.cache is not None:
-                    self.cache.keep(held, seq)
+                    self.cache.keep(held, (context, seq))
                 llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
             self._free_seqs += seqs
 
@@ -186,13 +187,9 @@ class LlamaCppModel:
             self._held[0] = None
             llama.llama_free(self._context)
             self._context = None
-        # The prompt cache's sequences: two a row (a conversation's turn, and another prefix), within llama.cpp's
-        # limit; its cells: what cache_mib holds, at most a context each.
-        slots = min(2 * sequences, llama.llama_max_parallel_sequences() - sequences) if self.cache_mib else 0
-        budget = min(self.cache_mib * 2**20 // self.kv_bytes_per_token, slots * self.context_length)
         params = llama.llama_context_default_params()
-        params.n_seq_max = sequences + slots
-        params.n_ctx = self.context_length * sequences + budget
+        params.n_seq_max = sequences
+        params.n_ctx = self.context_length * sequences
         params.n_batch = params.n_ctx  # a whole batch of prompts is one decode call
         params.n_threads = params.n_threads_batch = self.threads
         params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
@@ -207,8 +204,6 @@ class LlamaCppModel:
                                f"positions for {self.name} (out of memory?)")
         self._capacity, self._memory, self._embeddings = sequences, llama.llama_get_memory(self._context), False
         self._free_seqs = list(range(sequences))
-        self.cache = (LlamaCppPromptCache(self._memory, list(range(sequences, sequences + slots)), budget)
-                      if budget else None)
         self._held[0] = self._context
 
     def _decode(self, rows: Sequence[tuple[int, int, Sequence[int]]], outputs: int, hidden: bool
@@ -263,10 +258,11 @@ class LlamaCppRows:
         """Give an empty row the longest prefix of `prompt` the prompt cache holds, less its last token (which
         the row's first feed reads, for its logits); how many tokens the row now holds."""
         cache = self.model.cache
-        seq, n = (None, 0) if cache is None or self.tokens[row] else cache.longest(prompt[:-1])
-        if n:
-            llama.llama_memory_seq_cp(self.model._memory, seq, self.seq[row], 0, n)
-            self.tokens[row] = list(prompt[:n])
+        key, n = (None, 0) if cache is None or self.tokens[row] else cache.longest(prompt[:-1])
+        if not n or not cache.load(key, self.model._context, self.seq[row]):
+            return 0
+        llama.llama_memory_seq_rm(self.model._memory, self.seq[row], n, -1)  # the shared prefix only
+        self.tokens[row] = list(prompt[:n])
         return n
 
     def feed(self, tokens: Sequence[Sequence[int]], outputs: int, hidden: bool = False
@@ -306,25 +302,34 @@ class LlamaCppRows:
 
 
 class LlamaCppPromptCache(PromptCache):
-    """The prompt cache in sequence ids of the context's own (`slots`): a finished row's cells are copied to one
-    (llama.cpp's unified KV buffer lets sequences share cells), and a new row copies an entry's first cells.
-    The budget counts entries as if they shared no cells, so that the context's cells for them never run out."""
+    """The prompt cache in host memory: an entry is a finished row's sequence state (`llama_state_seq_get_data`:
+    its cells' keys and values), which a joining row loads into its own sequence and cuts to the prefix it
+    shares. Not in the context's KV buffer: every pass attends over each cell of the buffer's used span, masked
+    or not, so cached prompts kept there would slow every live row. States outlive the context they came from
+    (the same model reads them into the next)."""
 
-    def __init__(self, memory, slots: list[int], budget: int) -> None:
+    def __init__(self, budget: int) -> None:
         super().__init__(budget)
-        self.memory, self.free = memory, list(slots)
+        self.states: dict[int, ctypes.Array] = {}
+        self._keys = itertools.count()
 
-    def has_room(self, count: int) -> bool:
-        return bool(self.free) and super().has_room(count)
-
-    def store(self, source: int, count: int) -> int:
-        entry = self.free.pop()
-        llama.llama_memory_seq_cp(self.memory, source, entry, 0, count)
-        return entry
+    def store(self, source: tuple, count: int) -> int:
+        context, seq = source  # a sequence holding exactly the entry's tokens
+        size = llama.llama_state_seq_get_size(context, seq)
+        state = (ctypes.c_uint8 * size)()
+        llama.llama_state_seq_get_data(context, state, size, seq)
+        key = next(self._keys)
+        self.states[key] = state
+        return key
 
     def release(self, key: int) -> None:
-        llama.llama_memory_seq_rm(self.memory, key, -1, -1)
-        self.free.append(key)
+        del self.states[key]
+
+    def load(self, key: int, context, seq: int) -> bool:
+        """Put an entry's cells in sequence `seq` (empty) of `context`; False where llama.cpp finds no room for
+        them in one run of free cells (the row then reads its prompt whole)."""
+        state = self.states[key]
+        return llama.llama_state_seq_set_data(context, state, len(state), seq) > 0
 
 
 # Cheaper weights for a draft (llama.cpp's own quantizer): a draft's precision changes how often its tokens are
