@@ -1,11 +1,12 @@
 """Draft-length schedules: the running speed model behind the "auto" schedule, and the phase profile."""
 
 import pytest
+import torch
 from closed_forms import expected_tokens_per_round
 
 from diversed.backends.hf import TransformersModel
 from diversed.backends.llama_cpp import LlamaCppModel
-from diversed.decoding.drafters.base import Candidate
+from diversed.decoding.drafters.base import Candidate, DraftRound
 from diversed.decoding.profile import PHASES, profile_table
 from diversed.decoding.schedule import CostMemory, SpeedModel
 from diversed.decoding.scheduler import copy_width
@@ -223,3 +224,25 @@ def test_the_draft_models_catch_up_is_priced_per_token():
     model.observe_catch_up(50, 0.25)
     assert model.catch_up_time(100) == pytest.approx(0.5)
     assert model.tokens_per_second(2, overhead=0.5) < model.tokens_per_second(2)
+
+
+@pytest.mark.parametrize("history, drafts", [(40, True), (600, False)])
+def test_an_untimed_draft_model_is_tried_only_on_a_short_catch_up(history, drafts):
+    """Under the speed schedule the auto drafter times a draft model it has no costs for by drafting with it,
+    which first feeds it every token it has not seen: worth it over a prompt, not over a conversation's history
+    (on a CPU that catch-up stalls every row for longer than a short answer gains)."""
+    from diversed.decoding.drafters import make_drafter
+    from diversed.decoding.scheduler import UNTIMED_CATCH_UP, Scheduler
+
+    from tiny import tiny_model
+
+    assert 40 < UNTIMED_CATCH_UP < 600
+    drafter = make_drafter("auto", TransformersModel(tiny_model(0), cache_mib=0), capacity=1)
+    # A last token the prompt has nowhere else: nothing to copy
+    drafter.add(torch.randint(3, 90, (history - 1,), generator=torch.Generator().manual_seed(0)).tolist() + [95])
+    scheduler = Scheduler(Drafting(3, "speed", maximum=4))
+    scheduler.begin(("tiny",), 1, joined=True)
+    scheduler.observe_step(0.05, prefill=False)  # a step of the target alone, timed; no draft step yet
+    ask = DraftRound([4], ["auto"], lambda logits: (logits.argmax(-1), logits.softmax(-1)), timed=True)
+    proposal = scheduler.propose(drafter, ask)
+    assert (proposal is not None and proposal.forwards > 0) == drafts

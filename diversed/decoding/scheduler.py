@@ -16,6 +16,11 @@ from diversed.decoding.drafters.base import Candidate, copied
 from diversed.decoding.schedule import CostMemory, SpeedModel
 from diversed.request import Drafting
 
+# The most tokens (all rows together) a draft model not timed yet may catch up on to get timed: on a CPU the
+# catch-up over conversations' histories stalls every row for longer than short answers gain (a minute at four
+# 2,000-token conversations: benchmarks/results/chat-speed.md).
+UNTIMED_CATCH_UP = 512
+
 
 class Scheduler:
     """The draft length of each round (`n`, by the constant or heuristic schedule), or under the speed schedule
@@ -125,11 +130,11 @@ class Scheduler:
         width, copy_rate = copy_width(best, speed)
         n_model = speed.draft_length if model is not None and any(model_ask.caps) else 0
         if n_model:
-            # A draft model not timed yet drafts when copying has nothing to offer, so that it gets timed. Once
-            # timed, it drafts where it is predicted fastest, paying for the tokens it has to catch up on (those
-            # written while copying or the target alone wrote them).
+            # A draft model not timed yet drafts when copying has nothing to offer and its catch-up is short, so
+            # that it gets timed. Once timed, it drafts where it is predicted fastest, paying for the tokens it
+            # has to catch up on (those written while copying or the target alone wrote them).
             untimed = not speed.draft_steps
-            if (not width) if untimed else \
+            if (not width and model.unseen <= UNTIMED_CATCH_UP) if untimed else \
                     speed.model_rate(n_model, model.behind) >= max(copy_rate, speed.tokens_per_second(0)):
                 return self._model_round(model, model_ask)
         return copied(best, names, width)

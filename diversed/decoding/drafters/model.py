@@ -44,6 +44,11 @@ class ModelDrafter:
         self.texts = [self.texts[r] for r in rows]
 
     @property
+    def unseen(self) -> int:
+        """Tokens of all rows together that the draft model's cache has not seen: a catch-up's whole work."""
+        return sum(len(t) - n for t, n in zip(self.texts, self.rows.lengths, strict=True))
+
+    @property
     def behind(self) -> int:
         """The most tokens a row's cache has not seen: over 2, a round's forwards are not draft steps alone."""
         return max((len(t) - n for t, n in zip(self.texts, self.rows.lengths, strict=True)), default=0)
